@@ -1,0 +1,162 @@
+"""The topology file: data centers, nodes per DC, intra-DC access links and the inter-DC link matrix."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from testbed import units
+from testbed.spec.link import LinkParams, ReverseOverrides, _LinkFields
+from testbed.spec.loader import load_model, validate_data
+
+DEFAULT_SUBNET = "198.18.0.0/15"  # RFC 2544 benchmarking range
+NAME_PATTERN = r"^[a-z][a-z0-9_]{0,11}$"  # short: interface names hold "to-<dc>" in 15 bytes
+
+
+class IntraSpec(BaseModel):
+    """Each node's access link to its DC switch, both directions. Default: unshaped, no added latency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bandwidth: float | None = None
+    latency: float = 0.0
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _rate(cls, value: Any) -> float | None:
+        return None if value is None else units.parse_rate(value)
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return units.parse_duration(value)
+
+    def params(self) -> LinkParams:
+        return LinkParams(latency=self.latency, bandwidth=self.bandwidth)
+
+
+class DCSpec(BaseModel):
+    """One data center: a name and how many nodes it holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    nodes: int = Field(ge=1, le=1000)
+    intra: IntraSpec = IntraSpec()
+
+    def node_names(self) -> list[str]:
+        return [f"{self.name}-{index}" for index in range(self.nodes)]
+
+
+class LinkSpec(_LinkFields):
+    """One inter-DC link: `between` two DCs, forward parameters, optional `reverse` overrides."""
+
+    between: tuple[str, str]
+    reverse: ReverseOverrides | None = None
+
+    @model_validator(mode="after")
+    def _one_delay_source(self) -> "LinkSpec":
+        self._check_latency_or_distance()
+        if self.reverse is not None:
+            self.reverse._check_latency_or_distance()
+        if self.between[0] == self.between[1]:
+            raise ValueError(f"a link needs two different DCs, got {list(self.between)}")
+        return self
+
+    def forward(self) -> LinkParams:
+        """Parameters from between[0] to between[1]."""
+        return self.overlay(LinkParams())
+
+    def backward(self) -> LinkParams:
+        """Parameters from between[1] to between[0]: forward with `reverse` applied."""
+        forward = self.forward()
+        return self.reverse.overlay(forward) if self.reverse is not None else forward
+
+
+class Topology(BaseModel):
+    """A whole topology file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    subnet: str = DEFAULT_SUBNET
+    dcs: list[DCSpec] = Field(min_length=1)
+    links: list[LinkSpec] = []
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as error:
+            raise ValueError(f"expected an IPv4 network such as '198.18.0.0/15' ({error})") from None
+        return str(network)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Topology":
+        names = [dc.name for dc in self.dcs]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise ValueError(f"dcs[{index}].name: duplicate DC name {name!r}")
+        pairs: set[frozenset[str]] = set()
+        for index, link in enumerate(self.links):
+            for end in link.between:
+                if end not in names:
+                    raise ValueError(f"links[{index}].between: unknown DC {end!r} (known: {', '.join(names)})")
+            pair = frozenset(link.between)
+            if pair in pairs:
+                raise ValueError(f"links[{index}].between: a second link between {link.between[0]} and "
+                                 f"{link.between[1]}")
+            pairs.add(pair)
+        self._check_connected(names)
+        # Imported here: addressing is pure plan code, and the plan imports this module.
+        from testbed.plan.addressing import allocate
+
+        try:
+            allocate(self)
+        except ValueError as error:
+            raise ValueError(f"subnet: {error}") from None
+        return self
+
+    def _check_connected(self, names: list[str]) -> None:
+        neighbours: dict[str, set[str]] = {name: set() for name in names}
+        for link in self.links:
+            a, b = link.between
+            neighbours[a].add(b)
+            neighbours[b].add(a)
+        seen, todo = {names[0]}, [names[0]]
+        while todo:
+            for peer in neighbours[todo.pop()] - seen:
+                seen.add(peer)
+                todo.append(peer)
+        missing = [name for name in names if name not in seen]
+        if missing:
+            raise ValueError(f"links: DC {missing[0]!r} cannot be reached from {names[0]!r} over any link")
+
+    def dc(self, name: str) -> DCSpec:
+        for dc in self.dcs:
+            if dc.name == name:
+                return dc
+        raise KeyError(name)
+
+    def find_link(self, a: str, b: str) -> tuple[int, LinkSpec, bool]:
+        """(index, link, forward?) for the link between DCs a and b, in the a->b direction."""
+        for index, link in enumerate(self.links):
+            if link.between == (a, b):
+                return index, link, True
+            if link.between == (b, a):
+                return index, link, False
+        raise KeyError(f"no link between {a} and {b}")
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Load a topology file; raises SpecError (one line naming file and field) when it is unusable."""
+    return load_model(Topology, path)
+
+
+def topology_from_data(data: Any, source: str | Path | None = None) -> Topology:
+    """Validate an inline topology (e.g. inside an experiment file)."""
+    return validate_data(Topology, data, source)
