@@ -1,0 +1,1 @@
+"""Bringing a plan to life: one interface (`Fabric`), several backends (netns today)."""

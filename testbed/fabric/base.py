@@ -1,0 +1,48 @@
+"""The one interface every backend (netns, docker, ssh) offers to the CLI, runner and probe."""
+
+from __future__ import annotations
+
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.plan.network import NetworkPlan
+from testbed.spec.link import LinkParams
+
+
+class FabricError(RuntimeError):
+    """A fabric operation that failed; str() is one line for the user."""
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """Kernel counters of one shaped egress interface."""
+
+    tx_bytes: int
+    tx_packets: int
+    rx_bytes: int
+    rx_packets: int
+    qdisc_drops: int
+
+
+class Fabric(ABC):
+    """Bring a plan up, run things in its nodes, change links live, read counters, take it down."""
+
+    @abstractmethod
+    def up(self, plan: NetworkPlan) -> None: ...
+
+    @abstractmethod
+    def down(self) -> None: ...
+
+    @abstractmethod
+    def popen(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.Popen: ...
+
+    @abstractmethod
+    def shape(self, key: str, params: LinkParams) -> None: ...
+
+    @abstractmethod
+    def counters(self) -> dict[str, LinkCounters]: ...
+
+    @abstractmethod
+    def status(self) -> dict[str, Any]: ...

@@ -1,0 +1,113 @@
+"""Glue between the CLI and a backend: bring up from a topology, re-attach from the state file, tear down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from testbed.fabric import delayline
+from testbed.fabric import state as state_store
+from testbed.fabric.base import FabricError
+from testbed.fabric.kernel import resolve_shaper
+from testbed.fabric.netns import NetnsFabric, clean, list_namespaces
+from testbed.plan.network import LinkEnd, NetworkPlan, build_plan
+from testbed.spec.topology import Topology, topology_from_data
+
+
+@dataclass
+class Testbed:
+    """A running (or about to run) testbed: what it was built from, its plan and its backend."""
+
+    topology: Topology
+    plan: NetworkPlan
+    fabric: NetnsFabric
+    state: state_store.FabricState
+
+    def mechanism(self, end: LinkEnd) -> str:
+        """Which mechanism shapes this link end, in words for tables and manifests."""
+        shaping = end.shaping
+        parts = [obj.kind for obj in shaping.tc if obj.what == "qdisc" and obj.kind != "pfifo"]
+        if shaping.delay_line is not None:
+            parts.append("delay-line" if self.fabric.delay_applied(end) else "delay NOT applied")
+        if shaping.not_applied:
+            parts.append(f"{'/'.join(shaping.not_applied)} NOT applied")
+        return "+".join(parts) if parts else "unshaped"
+
+    def describe(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "topology": plan.topology,
+            "topology_file": self.state.topology_file,
+            "backend": self.state.backend,
+            "prefix": plan.prefix,
+            "shaper": plan.shaper,
+            "nodes": [{"name": n.name, "dc": n.dc, "namespace": n.ns, "address": n.address} for n in plan.nodes],
+            "links": [{"key": end.key, "kind": end.kind, "namespace": end.ns, "interface": end.ifname,
+                       **end.shaping.params.describe(), "shaper": plan.shaper, "mechanism": self.mechanism(end)}
+                      for end in plan.link_ends],
+            **self.fabric.status(),
+        }
+
+
+def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
+             on_progress: Callable[[str], None] | None = None) -> Testbed:
+    """Clean any stale testbed with this prefix, then build `topology`. Nothing is left behind on failure."""
+    resolved = resolve_shaper(shaper)
+    plan = build_plan(topology, resolved, prefix)  # pure: fails before anything is created
+    if list_namespaces(prefix) or state_store.load(prefix) is not None:
+        if on_progress:
+            on_progress(f"removing a previous testbed ({prefix}*)")
+        tear_down(prefix)
+    state = state_store.FabricState(backend="netns", prefix=prefix, shaper=resolved,
+                                    topology=topology.model_dump(mode="json", exclude_unset=False),
+                                    topology_file=str(topology_file) if topology_file else None)
+    fabric = NetnsFabric(prefix, on_progress=on_progress)
+    state_store.save(state)  # first, so `clean` and a later `up` know about a half-built testbed
+    try:
+        fabric.up(plan, state)
+    except BaseException:
+        state_store.remove(prefix)
+        raise
+    return Testbed(topology, plan, fabric, state)
+
+
+def attach(prefix: str) -> Testbed:
+    """The testbed that `up` left running, rebuilt from the state file."""
+    saved = state_store.load(prefix)
+    if saved is None:
+        raise FabricError(f"no testbed is up with prefix {prefix!r} (run `testbed up TOPOLOGY` first)")
+    topology = _topology_from_state(saved)
+    plan = build_plan(topology, saved.shaper, prefix, saved.override_params())
+    fabric = NetnsFabric(prefix)
+    fabric.attach(plan, saved)
+    return Testbed(topology, plan, fabric, saved)
+
+
+def _topology_from_state(saved: state_store.FabricState) -> Topology:
+    data = dict(saved.topology)
+    return topology_from_data(_to_units(data), saved.topology_file)
+
+
+def _to_units(data: dict[str, Any]) -> dict[str, Any]:
+    """model_dump gives SI floats; the spec reads bare numbers in base units, so they round-trip as is."""
+    links = []
+    for link in data.get("links", []):
+        link = {key: value for key, value in link.items() if value is not None}
+        if "distance" in link and "latency" in link:
+            link.pop("latency")
+        if isinstance(link.get("reverse"), dict):
+            link["reverse"] = {k: v for k, v in link["reverse"].items() if v is not None}
+            if "distance" in link["reverse"] and "latency" in link["reverse"]:
+                link["reverse"].pop("latency")
+        links.append(link)
+    data["links"] = links
+    return data
+
+
+def tear_down(prefix: str) -> list[str]:
+    """Remove everything with this prefix, with or without a state file."""
+    removed = clean(prefix)
+    state_store.remove(prefix)
+    delayline.remove_files(prefix)
+    return removed

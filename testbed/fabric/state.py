@@ -1,0 +1,68 @@
+"""What is up, kept on disk so that status/shape/down/clean work from any later process."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.spec.link import LinkParams
+
+STATE_DIR_ENV = "TESTBED_STATE_DIR"
+DEFAULT_STATE_DIR = "/run/testbed"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV, DEFAULT_STATE_DIR))
+
+
+@dataclass
+class FabricState:
+    """The inputs the plan was built from (the plan itself is rebuilt: it is a pure function of these)."""
+
+    backend: str
+    prefix: str
+    shaper: str
+    topology: dict[str, Any]
+    topology_file: str | None = None
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # direction key -> LinkParams
+    delay_lines: dict[str, int] = field(default_factory=dict)  # direction key -> pid
+
+    def override_params(self) -> dict[str, LinkParams]:
+        return {key: LinkParams(**value) for key, value in self.overrides.items()}
+
+    def set_override(self, key: str, params: LinkParams) -> None:
+        self.overrides[key] = asdict(params)
+
+
+def state_path(prefix: str) -> Path:
+    return state_dir() / f"{prefix.rstrip('-') or 'testbed'}.json"
+
+
+def save(state: FabricState) -> None:
+    """Write atomically: a crash never leaves half a state file."""
+    path = state_path(state.prefix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-")
+    with os.fdopen(fd, "w") as out:
+        json.dump(asdict(state), out, indent=1)
+    os.replace(tmp, path)
+
+
+def load(prefix: str) -> FabricState | None:
+    path = state_path(prefix)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return FabricState(**data)
+
+
+def remove(prefix: str) -> None:
+    try:
+        state_path(prefix).unlink()
+    except FileNotFoundError:
+        pass
