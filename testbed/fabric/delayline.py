@@ -1,0 +1,308 @@
+"""The userspace delay line: one-way delay, jitter and loss on kernels without sch_netem.
+
+Where: the direction a->b is delayed in b's gateway namespace, on packets arriving from a
+(`iptables -t mangle -A PREROUTING -i to-a -j NFQUEUE`). PREROUTING still carries the kernel's receive
+timestamp (ip_forward clears it before FORWARD), so the delay counts from when the packet really arrived,
+not from when this process woke up. The rate limit of a->b is htb on a's egress, before the delay: with
+a constant delay, shaping before or after the delay is the same link.
+
+Semantics, same as the netem shaper: every packet is held latency + U(-jitter, +jitter) (never below zero,
+and never before the packet ahead of it: FIFO, no reordering, like netem with a rate); loss drops each
+packet independently with the configured probability. On lossy links the queue is bound without the GSO
+flag so the kernel segments 64 kB offload units and loss acts per wire packet (costs CPU: about
+2 Gbit/s at most here); otherwise GSO units stay whole and are delayed as one.
+
+Process model: `start()` launches a supervisor per gateway (detached, inside the namespace). The
+supervisor runs a worker, installs the iptables rules once the worker has bound its queues, restarts the
+worker if it dies (counting restarts in its status file) and forwards SIGHUP (re-read config: live
+`testbed shape`). The rules have no --queue-bypass: if the supervisor itself is killed the link goes dark
+rather than silently undelayed, and `delay_applied()`/`dead_delay_lines()` report it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from testbed.fabric import nsexec
+from testbed.fabric.state import state_dir
+from testbed.plan.network import NetworkPlan
+from testbed.plan.shaping import DelayLineSpec
+
+EARLY_WAKE = 40e-6  # wake this much before the head is due
+RELEASE_SLACK = 20e-6  # release what is due within this much
+MAX_SLEEP = 0.002
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One delayed direction: packets arriving on `ifname` of the gateway, queue number `queue`."""
+
+    key: str  # direction key of the link end, e.g. "east->west"
+    ifname: str
+    queue: int
+    latency: float
+    jitter: float
+    loss: float
+    limit: int
+
+
+def assignments(plan: NetworkPlan) -> dict[str, list[Assignment]]:
+    """Gateway namespace -> the directions its delay line serves (pure: derived from the plan)."""
+    out: dict[str, list[Assignment]] = {}
+    for link in plan.links:
+        for key, src, dst in ((link.forward, link.a, link.b), (link.backward, link.b, link.a)):
+            spec = plan.link_end(key).shaping.delay_line
+            if spec is None:
+                continue
+            ns = plan.gateways[dst]
+            work = out.setdefault(ns, [])
+            work.append(Assignment(key, f"to-{src}", len(work), spec.latency, spec.jitter, spec.loss,
+                                   _maxlen(spec)))
+    return out
+
+
+def _maxlen(spec: DelayLineSpec) -> int:
+    return max(spec.limit, 4096)
+
+
+def _files(ns: str) -> tuple[Path, Path, Path]:
+    base = state_dir() / ns
+    return base.with_suffix(".delayline.json"), base.with_suffix(".delayline.status"), base.with_suffix(
+        ".delayline.log")
+
+
+# --- control side (the CLI process) ---------------------------------------------------------------
+def start(ns: str, work: list[Assignment], timeout: float = 10.0) -> int:
+    """Start the supervisor of `ns`'s delay line; returns its pid once the queues are bound and rules set."""
+    config, status, log = _files(ns)
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps([asdict(a) for a in work]))
+    status.unlink(missing_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(nsexec.argv_in(ns, [sys.executable, "-m", "testbed.fabric.delayline",
+                                                    "supervise", str(config)]),
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_status(ns)
+        if info.get("ready"):
+            return proc.pid
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.kill()
+    tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+    raise RuntimeError(f"delay line in {ns} did not start: {' '.join(tail) or 'no output'}")
+
+
+def read_status(ns: str) -> dict:
+    try:
+        return json.loads(_files(ns)[1].read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def gateway_of(plan: NetworkPlan, key: str) -> str | None:
+    """The gateway namespace whose delay line serves direction `key`, if any."""
+    for ns, work in assignments(plan).items():
+        if any(item.key == key for item in work):
+            return ns
+    return None
+
+
+def reconfigure(ns: str, key: str, spec: DelayLineSpec) -> None:
+    """Change direction `key` served by `ns`'s delay line, live (the supervisor forwards SIGHUP)."""
+    config = _files(ns)[0]
+    work = json.loads(config.read_text())
+    for item in work:
+        if item["key"] == key:
+            item.update(latency=spec.latency, jitter=spec.jitter, loss=spec.loss)
+    tmp = config.with_suffix(".tmp")
+    tmp.write_text(json.dumps(work))
+    os.replace(tmp, config)
+    pid = read_status(ns).get("supervisor")
+    if not pid or not alive(pid):
+        raise RuntimeError(f"delay line of {ns} is not running")
+    os.kill(pid, signal.SIGHUP)
+
+
+def remove_files(prefix: str) -> None:
+    for path in state_dir().glob(f"{prefix}*.delayline.*"):
+        path.unlink(missing_ok=True)
+
+
+# --- the delay line itself (runs inside the gateway namespace) -----------------------------------
+class _Direction:
+    def __init__(self, item: dict) -> None:
+        self.queue: int = item["queue"]
+        self.fifo: list[tuple[float, int]] = []
+        self.head = 0
+        self.last_due = 0.0
+        self.configure(item)
+
+    def configure(self, item: dict) -> None:
+        self.latency, self.jitter, self.loss = item["latency"], item["jitter"], item["loss"]
+
+
+def _load(path: str) -> list[dict]:
+    with open(path) as src:
+        return json.load(src)
+
+
+def worker(config_path: str) -> int:
+    """Bind the queues, then hold and release packets until killed."""
+    from testbed.fabric.nfqueue import NF_DROP, QueueSocket, enable_receive_timestamps
+
+    libc = ctypes.CDLL(None)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
+    libc.prctl(29, 1)  # PR_SET_TIMERSLACK: 1 ns, so short sleeps end on time
+    items = _load(config_path)
+    stamps = enable_receive_timestamps()
+    sock = QueueSocket()
+    directions = {item["queue"]: _Direction(item) for item in items}
+    for item in items:
+        sock.bind(item["queue"], item["limit"], gso=item["loss"] == 0)
+    reload = False
+
+    def on_hup(*_: object) -> None:
+        nonlocal reload
+        reload = True
+
+    signal.signal(signal.SIGHUP, on_hup)
+    print(json.dumps({"worker": os.getpid(), "bound": sorted(directions)}), flush=True)
+    os.write(1, b"")
+    sys.stdout.flush()
+    os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
+    rng = random.Random()
+    while True:
+        if reload:
+            reload = False
+            for item in _load(config_path):
+                if item["queue"] in directions:
+                    directions[item["queue"]].configure(item)
+        now = time.time()
+        for packet in sock.receive():
+            line = directions.get(packet.queue)
+            if line is None:
+                continue
+            if line.loss and rng.random() < line.loss:
+                sock.verdict(packet.queue, packet.packet_id, NF_DROP)
+                continue
+            arrival = packet.timestamp if packet.timestamp is not None else now
+            delay = line.latency
+            if line.jitter:
+                delay = max(0.0, delay + rng.uniform(-line.jitter, line.jitter))
+            due = max(arrival + delay, line.last_due)
+            line.last_due = due
+            line.fifo.append((due, packet.packet_id))
+        now = time.time()
+        wake = None
+        for line in directions.values():
+            fifo, head = line.fifo, line.head
+            last = None
+            while head < len(fifo) and fifo[head][0] <= now + RELEASE_SLACK:
+                last = fifo[head][1]
+                head += 1
+            if last is not None:
+                sock.accept_up_to(line.queue, last)
+            if head > 1024 and head * 2 > len(fifo):
+                del fifo[:head]
+                head = 0
+            line.head = head
+            if head < len(fifo):
+                due = fifo[head][0]
+                wake = due if wake is None else min(wake, due)
+        # select(), not poll(): poll rounds its timeout up to whole milliseconds.
+        timeout = 0.2 if wake is None else min(wake - time.time() - EARLY_WAKE, MAX_SLEEP)
+        if timeout > 0:
+            select.select([sock], [], [], timeout)
+    del stamps  # pragma: no cover
+
+
+def supervise(config_path: str) -> int:
+    """Run (and re-run) the worker; set the iptables rules once it is bound; keep a status file."""
+    items = _load(config_path)
+    ns_status = Path(config_path).with_suffix("").with_suffix(".delayline.status")
+    state = {"supervisor": os.getpid(), "worker": None, "restarts": 0, "ready": False, "rules": []}
+    bound = {"flag": False}
+    stop = {"flag": False}
+
+    def write_state() -> None:
+        tmp = ns_status.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, ns_status)
+
+    def on_usr1(*_: object) -> None:
+        bound["flag"] = True
+
+    def on_term(*_: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    child: subprocess.Popen | None = None
+    signal.signal(signal.SIGHUP, lambda *_: child and child.send_signal(signal.SIGHUP))
+    while not stop["flag"]:
+        bound["flag"] = False
+        child = subprocess.Popen([sys.executable, "-m", "testbed.fabric.delayline", "worker", config_path])
+        state["worker"] = child.pid
+        deadline = time.monotonic() + 10
+        while not bound["flag"] and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not bound["flag"]:
+            print(f"delayline: worker failed to bind its queues (exit {child.poll()})", flush=True)
+            child.kill()
+            return 1
+        if not state["rules"]:
+            for item in items:
+                rule = ["-t", "mangle", "-A", "PREROUTING", "-i", item["ifname"], "-j", "NFQUEUE",
+                        "--queue-num", str(item["queue"])]
+                subprocess.run(["iptables", "-w", *rule], check=True)
+                state["rules"].append(" ".join(rule))
+            state["ready"] = True
+        write_state()
+        while child.poll() is None and not stop["flag"]:
+            time.sleep(0.05)
+        if stop["flag"]:
+            break
+        state["restarts"] += 1
+        print(f"delayline: worker {child.pid} died (exit {child.returncode}); restart {state['restarts']}",
+              flush=True)
+    if child is not None and child.poll() is None:
+        child.kill()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "worker":
+        return worker(argv[1])
+    if len(argv) == 2 and argv[0] == "supervise":
+        return supervise(argv[1])
+    print("usage: python -m testbed.fabric.delayline supervise|worker CONFIG", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
