@@ -1,0 +1,274 @@
+"""`testbed` command line: up, status, exec, shape, probe, down, clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from testbed import units
+from testbed.fabric import cancel
+from testbed.fabric.base import FabricError
+from testbed.plan.network import DEFAULT_PREFIX, NetworkPlan, build_plan, direction_key
+from testbed.spec.errors import SpecError
+from testbed.spec.topology import load_topology
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Emulate multi-data-center training: DCs as namespaces, links shaped like DC optical transport.")
+out = Console()
+err = Console(stderr=True)
+
+PrefixOption = typer.Option(os.environ.get("TESTBED_PREFIX", DEFAULT_PREFIX), "--prefix",
+                            help="Name prefix of every kernel object (env TESTBED_PREFIX).")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _guard(fn: Any) -> Any:
+    """Run `fn`, turning spec/fabric errors into one red line and exit code 2 (no traceback)."""
+    try:
+        return fn()
+    except (SpecError, FabricError) as error:
+        _fail(str(error))
+    except PermissionError as error:
+        _fail(f"{error.strerror or error}: {error.filename or ''} (network namespaces need root)")
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130)
+
+
+def print_plan(plan: NetworkPlan) -> None:
+    out.print(f"[bold]plan[/bold] {plan.topology}: shaper {plan.shaper}, prefix {plan.prefix!r}")
+    table = Table("namespace", "role", "dc", title="namespaces")
+    for space in plan.namespaces:
+        table.add_row(space.name, space.role + (" (ip_forward)" if space.forwarding else ""), space.dc)
+    out.print(table)
+    table = Table("end a", "end b", title="veth pairs")
+    for pair in plan.veths:
+        table.add_row(*[f"{i.ns}/{i.ifname}" + (f" {i.address}" if i.address else "") +
+                        (f" master {i.master}" if i.master else "") for i in (pair.a, pair.b)])
+    out.print(table)
+    table = Table("namespace", "destination", "via", title="routes")
+    for route in plan.routes:
+        table.add_row(route.ns, route.dst, route.gateway)
+    out.print(table)
+    table = Table("link end", "egress", "tc", "userspace delay line", "not applied", title="shaping")
+    for end in plan.link_ends:
+        line = end.shaping.delay_line
+        table.add_row(end.key, f"{end.ns}/{end.ifname}", "\n".join(o.describe() for o in end.shaping.tc) or "-",
+                      f"{units.format_duration(line.latency)} ±{units.format_duration(line.jitter)} "
+                      f"loss {units.format_fraction(line.loss)}" if line else "-",
+                      ", ".join(end.shaping.not_applied) or "-")
+    out.print(table)
+
+
+@app.command()
+def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
+       dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; create nothing (no root needed)."),
+       shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+       prefix: str = PrefixOption) -> None:
+    """Bring a topology up as network namespaces with shaped links (cleans a stale one first)."""
+    from testbed.plan.shaping import SHAPERS
+
+    if shaper not in ("auto", *SHAPERS):
+        _fail(f"--shaper: expected auto, netem or userspace-delay, got {shaper!r}")
+    spec = _guard(lambda: load_topology(topology))
+    if dry_run:
+        chosen = "userspace-delay" if shaper == "auto" else shaper
+        print_plan(_guard(lambda: build_plan(spec, chosen, prefix)))
+        if shaper == "auto":
+            out.print("(shaper auto resolves to netem on kernels that have it; shown: userspace-delay)")
+        return
+    from testbed.fabric.control import bring_up
+
+    cancel.install()
+    testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,
+                                      on_progress=lambda m: err.print(f"[dim]{m}[/dim]")))
+    if cancel.requested():  # a stop that landed where it could not interrupt: honour it now
+        from testbed.fabric.control import tear_down
+
+        tear_down(prefix)
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130)
+    nodes = len(testbed.plan.nodes)
+    out.print(f"[green]up[/green] {spec.name}: {len(spec.dcs)} DCs, {nodes} nodes, shaper {testbed.plan.shaper}")
+    missing = testbed.plan.not_applied()
+    for key, names in missing.items():
+        out.print(f"[yellow]not applied[/yellow] {key}: {', '.join(names)} (no netem on this kernel; "
+                  "the userspace delay line serves inter-DC links only)")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+           prefix: str = PrefixOption) -> None:
+    """Nodes, addresses, links with their configured parameters and the shaper in use."""
+    from testbed.fabric.control import attach
+
+    testbed = _guard(lambda: attach(prefix))
+    info = testbed.describe()
+    dead = testbed.fabric.dead_delay_lines()
+    info["dead_delay_lines"] = dead
+    if as_json:
+        print(json.dumps(info, indent=1))
+    else:
+        out.print(f"[bold]{info['topology']}[/bold] backend {info['backend']}, shaper {info['shaper']}, "
+                  f"{info['namespaces_up']}/{info['namespaces_planned']} namespaces up")
+        table = Table("node", "dc", "namespace", "address", title="nodes")
+        for node in info["nodes"]:
+            table.add_row(node["name"], node["dc"], node["namespace"], node["address"])
+        out.print(table)
+        table = Table("link", "latency", "bandwidth", "jitter", "loss", "queue", "mechanism", title="links")
+        for link in info["links"]:
+            table.add_row(link["key"], link["latency"], link["bandwidth"], link["jitter"], link["loss"],
+                          str(link["queue"]), link["mechanism"])
+        out.print(table)
+    if dead:
+        _fail(f"delay line not running in {', '.join(dead)}: those links are dark; run `testbed up` again", 1)
+
+
+@app.command(name="exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec_(node: str = typer.Argument(..., help="Node name, e.g. east-0"),
+          command: list[str] = typer.Argument(..., help="Command and arguments (after --)."),
+          prefix: str = PrefixOption) -> None:
+    """Run a command inside a node: testbed exec east-0 -- ping 198.18.1.2"""
+    from testbed.fabric import nsexec
+    from testbed.fabric.control import attach
+
+    testbed = _guard(lambda: attach(prefix))
+    namespace = _guard(lambda: testbed.fabric._namespace(node))
+    try:
+        nsexec.enter(namespace)
+        os.execvp(command[0], command)
+    except OSError as error:
+        _fail(f"{node}: {command[0]}: {error.strerror or error}", 127)
+
+
+@app.command()
+def shape(a: str = typer.Argument(..., help="DC at one end"), b: str = typer.Argument(..., help="DC at the other"),
+          latency: Optional[str] = typer.Option(None, help="One-way latency, e.g. 20ms"),
+          distance: Optional[str] = typer.Option(None, help="Fibre distance, e.g. 1000km (sets latency)"),
+          bandwidth: Optional[str] = typer.Option(None, help="e.g. 500mbit"),
+          jitter: Optional[str] = typer.Option(None, help="e.g. 1ms"),
+          loss: Optional[str] = typer.Option(None, help="e.g. 0.1%"),
+          one_way: bool = typer.Option(False, "--one-way", help="Change only the a->b direction."),
+          prefix: str = PrefixOption) -> None:
+    """Change a live link with `tc change` (and the delay line's config): testbed shape east west --latency 20ms"""
+    from testbed.fabric import state as state_store
+    from testbed.fabric.control import attach
+
+    testbed = _guard(lambda: attach(prefix))
+
+    def parse(name: str, value: str | None, parser: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parser(value)
+        except ValueError as error:
+            _fail(f"--{name}: {error}")
+
+    changes = {"latency": parse("latency", latency, units.parse_duration),
+               "bandwidth": parse("bandwidth", bandwidth, units.parse_rate),
+               "jitter": parse("jitter", jitter, units.parse_duration),
+               "loss": parse("loss", loss, units.parse_fraction)}
+    if distance is not None:
+        if latency is not None:
+            _fail("--distance: give --latency or --distance, not both")
+        changes["latency"] = units.fibre_delay(parse("distance", distance, units.parse_distance))
+    changes = {key: value for key, value in changes.items() if value is not None}
+    if not changes:
+        _fail("nothing to change: give --latency, --distance, --bandwidth, --jitter or --loss")
+    keys = [direction_key(a, b)] + ([] if one_way else [direction_key(b, a)])
+    known = {end.key for end in testbed.plan.link_ends if end.kind == "inter-dc"}
+    for key in keys:
+        if key not in known:
+            _fail(f"no direct link {key} (links: {', '.join(sorted(known))})")
+    for key in keys:
+        params = replace(testbed.plan.link_end(key).shaping.params, **changes)
+        _guard(lambda: testbed.fabric.shape(key, params))
+        testbed.state.set_override(key, params)
+        out.print(f"[green]shaped[/green] {key}: " + ", ".join(f"{k} {v}" for k, v in params.describe().items()))
+    state_store.save(testbed.state)
+
+
+@app.command()
+def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topology up, probe, tear down. "
+                                                                "Without it: probe the running testbed."),
+          as_json: bool = typer.Option(False, "--json"),
+          pings: int = typer.Option(200, help="Pings per DC pair (>= 100 for a meaningful p99)."),
+          seconds: float = typer.Option(3.0, help="Seconds of TCP flow per direction."),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="Write probe.json and probe.md here."),
+          shaper: str = typer.Option("auto", help="With TOPOLOGY: auto | netem | userspace-delay"),
+          prefix: str = PrefixOption) -> None:
+    """Measure RTT (p50/p99) and TCP goodput for every DC pair against what is configured."""
+    from testbed.fabric.control import attach, bring_up, tear_down
+    from testbed.probe.measure import as_records, probe_all
+    from testbed.probe.report import probe_table, write_probe_report
+
+    cancel.install()
+    own = topology is not None
+    try:
+        if own:
+            spec = _guard(lambda: load_topology(topology))
+            testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,
+                                              on_progress=lambda m: err.print(f"[dim]{m}[/dim]")))
+        else:
+            testbed = _guard(lambda: attach(prefix))
+        dead = testbed.fabric.dead_delay_lines()
+        if dead:
+            _fail(f"delay line not running in {', '.join(dead)}: those links are dark; run `testbed up` again", 1)
+        results = _guard(lambda: probe_all(testbed.fabric, testbed.plan, testbed.topology, pings=pings,
+                                           seconds=seconds, applied=testbed.fabric.delay_applied,
+                                           on_pair=lambda a, b: err.print(f"[dim]probing {a} -> {b}[/dim]")))
+        dead = testbed.fabric.dead_delay_lines()
+        info = testbed.describe()
+    finally:
+        if own:
+            tear_down(prefix)
+    records = as_records(results)
+    if out_dir is not None:
+        path = write_probe_report(out_dir, info, records)
+        err.print(f"report: {path}")
+    if as_json:
+        print(json.dumps({"testbed": info, "pairs": records}, indent=1))
+    else:
+        out.print(probe_table(records, info))
+    if dead:
+        _fail(f"delay line died during the probe in {', '.join(dead)}: results are not valid", 1)
+
+
+@app.command()
+def down(prefix: str = PrefixOption) -> None:
+    """Tear the testbed down (namespaces, interfaces, delay lines, state)."""
+    from testbed.fabric.control import tear_down
+
+    removed = _guard(lambda: tear_down(prefix))
+    out.print(f"[green]down[/green]: removed {len(removed)} namespaces/interfaces")
+
+
+@app.command()
+def clean(prefix: str = PrefixOption) -> None:
+    """Remove every object with the prefix, even without a state file (after a crash or SIGKILL)."""
+    from testbed.fabric.control import tear_down
+
+    removed = _guard(lambda: tear_down(prefix))
+    out.print(f"[green]clean[/green]: removed {len(removed)} namespaces/interfaces"
+              + (f" ({', '.join(removed[:6])}{' ...' if len(removed) > 6 else ''})" if removed else ""))
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

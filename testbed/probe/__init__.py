@@ -1,0 +1,1 @@
+"""Link calibration: measure what the emulated links really do, against what is configured."""
