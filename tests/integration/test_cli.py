@@ -1,0 +1,96 @@
+"""The CLI as a user drives it: errors, dry runs, exec, shape, Ctrl-C and SIGKILL during up, clean."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT, TOPOLOGIES, namespaces_with, run_cli
+
+pytestmark = pytest.mark.root
+
+
+def test_malformed_topology_gives_one_line_and_creates_nothing(prefix, state_dir, tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndcs:\n  - {name: east, nodes: 2}\n  - {name: west, nodes: 2}\n"
+                   "links: [{between: [east, west], latency: 10 parsecs}]\n")
+    proc = run_cli("up", str(bad))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"{bad}: links[0].latency" in lines[0] and "Traceback" not in proc.stderr
+    assert namespaces_with(prefix) == [] and not state_dir.exists()
+
+
+def test_dry_run_prints_the_plan_and_creates_nothing(prefix):
+    proc = run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), "--dry-run", check=True)
+    assert f"{prefix}east-gw" in proc.stdout and "htb" in proc.stdout and "198.18.1.0/24" in proc.stdout
+    assert namespaces_with(prefix) == []
+
+
+def test_up_exec_shape_down(prefix):
+    run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), check=True)
+    proc = run_cli("exec", "west-1", "--", sys.executable, "-c",
+                       "import socket; s=socket.socket(); print(s.getsockname())", check=True)
+    assert "0.0.0.0" in proc.stdout
+    unknown = run_cli("exec", "north-0", "--", "true")
+    assert unknown.returncode == 2 and "no node named 'north-0'" in unknown.stderr
+    run_cli("shape", "east", "west", "--latency", "25ms", "--bandwidth", "200mbit", check=True)
+    info = json.loads(run_cli("status", "--json", check=True).stdout)
+    links = {link["key"]: link for link in info["links"]}
+    assert links["east->west"]["latency"] == "25ms" and links["west->east"]["bandwidth"] == "200mbit"
+    bad = run_cli("shape", "east", "west", "--latency", "soon")
+    assert bad.returncode == 2 and "--latency" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    nolink = run_cli("shape", "east", "north", "--latency", "1ms")
+    assert nolink.returncode == 2 and "no direct link" in nolink.stderr
+    run_cli("down", check=True)
+    assert namespaces_with(prefix) == []
+
+
+def _start_up(topology: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", str(TOPOLOGIES / topology)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_namespaces(prefix: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not namespaces_with(prefix):
+        assert time.monotonic() < deadline, "bring-up never started"
+        time.sleep(0.005)
+
+
+def test_ctrl_c_during_up_leaves_nothing(prefix):
+    proc = _start_up("chain-4dc-8.yaml")
+    _wait_for_namespaces(prefix)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert namespaces_with(prefix) == []
+
+
+def test_sigterm_during_up_leaves_nothing(prefix):
+    proc = _start_up("chain-4dc-8.yaml")
+    _wait_for_namespaces(prefix)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert namespaces_with(prefix) == []
+
+
+def test_clean_after_sigkill_removes_everything(prefix, state_dir):
+    run_cli("up", str(TOPOLOGIES / "three-dc-ring.yaml"), check=True)
+    proc = _start_up("chain-4dc-8.yaml")
+    _wait_for_namespaces(prefix)
+    proc.kill()  # no chance to clean: the state file and half the namespaces stay behind
+    proc.communicate()
+    for path in state_dir.glob("*.json"):
+        path.unlink()  # and even without any state file...
+    assert namespaces_with(prefix)
+    run_cli("clean", check=True)
+    assert namespaces_with(prefix) == []
+    leftover = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"{state_dir}" not in leftover  # no delay line of ours still running

@@ -1,0 +1,118 @@
+"""What the emulated links really do, measured from inside the namespaces (functional bounds; the precise
+fidelity figures are in bench/link_fidelity.py)."""
+
+import json
+import os
+import signal
+import statistics
+import time
+
+import pytest
+
+from testbed.fabric import delayline
+from testbed.fabric.control import attach, bring_up
+from testbed.fabric.kernel import netem_support
+from testbed.probe.measure import _Server, _run_agent, probe_pair
+from testbed.spec.topology import topology_from_data
+
+from ..conftest import TOPOLOGIES, namespaces_with, run_cli
+
+pytestmark = pytest.mark.root
+
+
+def two_dc(**link):
+    return topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                               "links": [{"between": ["east", "west"], **link}]})
+
+
+def pings(testbed, count: int, interval: float) -> dict:
+    dst = testbed.plan.node("west-0")
+    with _Server(testbed.fabric, dst.name):
+        return _run_agent(testbed.fabric, "east-0", ["rtt", dst.address, "--port", "5201", "--count", str(count),
+                                                     "--interval", str(interval)], timeout=120)
+
+
+@pytest.mark.parametrize("rate", ["100mbit", "1gbit"])
+def test_probe_of_two_dc_meets_rate_and_delay(prefix, tmp_path, rate):
+    text = (TOPOLOGIES / "two-dc.yaml").read_text().replace("bandwidth: 1gbit", f"bandwidth: {rate}")
+    path = tmp_path / "two-dc.yaml"
+    path.write_text(text)
+    proc = run_cli("probe", str(path), "--json", "--pings", "100", "--seconds", "2", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    pairs = json.loads(proc.stdout)["pairs"]
+    assert namespaces_with(prefix) == []  # probe TOPOLOGY tears its testbed down
+    assert len(pairs) == 2
+    for pair in pairs:
+        assert pair["not_applied"] == ""
+        assert pair["rtt_applied_ms"] == pytest.approx(20.0)
+        assert 20.0 <= pair["rtt_p50_ms"] <= 22.0
+        assert abs(pair["goodput_error"]) < 0.10, pair
+
+
+def test_loss_is_per_packet_at_the_configured_rate(prefix):
+    testbed = bring_up(two_dc(latency="2ms", bandwidth="1gbit", loss="1%", reverse={"loss": "0%"}), prefix=prefix)
+    result = pings(testbed, 4000, 0.001)
+    measured = 1 - result["received"] / result["sent"]
+    assert 0.004 <= measured <= 0.018, measured
+
+
+def test_jitter_spread_matches_a_uniform_law(prefix):
+    testbed = bring_up(two_dc(latency="10ms", jitter="2ms", reverse={"jitter": "0ms"}), prefix=prefix)
+    rtts = pings(testbed, 400, 0.01)["rtts"]
+    expected_std = 0.002 / 3**0.5  # uniform on [-2 ms, +2 ms]
+    assert statistics.pstdev(rtts) == pytest.approx(expected_std, rel=0.2)
+    assert min(rtts) >= 0.018 - 0.0002 and max(rtts) <= 0.022 + 0.0008  # + processing overhead
+    assert statistics.median(rtts) == pytest.approx(0.020, abs=0.0006)
+
+
+def test_live_shape_changes_the_delay(prefix):
+    testbed = bring_up(two_dc(latency="0ms", bandwidth="1gbit"), prefix=prefix)
+    before = statistics.median(pings(testbed, 50, 0.005)["rtts"])
+    run_cli("shape", "east", "west", "--latency", "15ms", check=True)
+    after = statistics.median(pings(attach(prefix), 50, 0.005)["rtts"])
+    assert before < 0.003 and 0.030 <= after <= 0.032
+
+
+def test_a_killed_delay_worker_is_restarted(prefix):
+    testbed = bring_up(two_dc(latency="5ms"), prefix=prefix)
+    gateway = delayline.gateway_of(testbed.plan, "east->west")
+    worker = delayline.read_status(gateway)["worker"]
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while delayline.read_status(gateway).get("restarts", 0) < 1:
+        assert time.monotonic() < deadline, "worker was not restarted"
+        time.sleep(0.05)
+    assert delayline.read_status(gateway)["worker"] != worker
+    rtts = pings(testbed, 20, 0.01)["rtts"]
+    assert len(rtts) == 20 and statistics.median(rtts) >= 0.010
+
+
+def test_a_dead_delay_line_fails_loudly(prefix):
+    run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), check=True)
+    testbed = attach(prefix)
+    gateway = delayline.gateway_of(testbed.plan, "east->west")
+    os.kill(delayline.read_status(gateway)["supervisor"], signal.SIGKILL)
+    time.sleep(0.2)
+    status = run_cli("status")
+    assert status.returncode == 1
+    assert f"delay line not running in {gateway}" in status.stderr
+    probe = run_cli("probe", "--pings", "20", "--seconds", "0.5", timeout=120)
+    assert probe.returncode != 0 and "delay line" in probe.stderr
+
+
+def test_netem_path(prefix):
+    """Where the kernel has sch_netem, links are shaped by it; where not, asking for it fails clearly."""
+    available, reason = netem_support()
+    if available:
+        testbed = bring_up(two_dc(latency="10ms", bandwidth="1gbit"), prefix=prefix, shaper="netem")
+        assert testbed.plan.shaper == "netem" and not delayline.assignments(testbed.plan)
+        assert 0.020 <= statistics.median(pings(testbed, 50, 0.005)["rtts"]) <= 0.022
+    else:
+        assert "no sch_netem" in reason
+        proc = run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), "--shaper", "netem")
+        assert proc.returncode == 2
+        assert "shaper netem requested but this kernel has no sch_netem" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert namespaces_with(prefix) == []
+        auto = bring_up(two_dc(latency="1ms"), prefix=prefix)
+        assert auto.plan.shaper == "userspace-delay"
