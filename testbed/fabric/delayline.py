@@ -33,10 +33,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from testbed.fabric import nsexec
 from testbed.fabric.state import state_dir
-from testbed.plan.network import NetworkPlan
-from testbed.plan.shaping import DelayLineSpec
+
+if TYPE_CHECKING:  # the supervisor and worker import only the standard library: they start fast
+    from testbed.plan.network import NetworkPlan
+    from testbed.plan.shaping import DelayLineSpec
 
 EARLY_WAKE = 40e-6  # wake this much before the head is due
 RELEASE_SLACK = 20e-6  # release what is due within this much
@@ -56,7 +60,7 @@ class Assignment:
     limit: int
 
 
-def assignments(plan: NetworkPlan) -> dict[str, list[Assignment]]:
+def assignments(plan: "NetworkPlan") -> dict[str, list[Assignment]]:
     """Gateway namespace -> the directions its delay line serves (pure: derived from the plan)."""
     out: dict[str, list[Assignment]] = {}
     for link in plan.links:
@@ -71,7 +75,7 @@ def assignments(plan: NetworkPlan) -> dict[str, list[Assignment]]:
     return out
 
 
-def _maxlen(spec: DelayLineSpec) -> int:
+def _maxlen(spec: "DelayLineSpec") -> int:
     return max(spec.limit, 4096)
 
 
@@ -82,28 +86,35 @@ def _files(ns: str) -> tuple[Path, Path, Path]:
 
 
 # --- control side (the CLI process) ---------------------------------------------------------------
-def start(ns: str, work: list[Assignment], timeout: float = 10.0) -> int:
-    """Start the supervisor of `ns`'s delay line; returns its pid once the queues are bound and rules set."""
-    config, status, log = _files(ns)
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps([asdict(a) for a in work]))
-    status.unlink(missing_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(nsexec.argv_in(ns, [sys.executable, "-m", "testbed.fabric.delayline",
-                                                    "supervise", str(config)]),
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = read_status(ns)
-        if info.get("ready"):
-            return proc.pid
-        if proc.poll() is not None:
-            break
-        time.sleep(0.01)
-    proc.kill()
-    tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
-    raise RuntimeError(f"delay line in {ns} did not start: {' '.join(tail) or 'no output'}")
+def start_all(work: dict[str, list[Assignment]], timeout: float = 10.0) -> dict[str, int]:
+    """Start one supervisor per gateway, all at once; returns gateway -> pid once every queue is bound."""
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for ns, items in work.items():
+            config, status, log = _files(ns)
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(json.dumps([asdict(a) for a in items]))
+            status.unlink(missing_ok=True)
+            with open(log, "ab") as out:
+                procs[ns] = subprocess.Popen(
+                    nsexec.argv_in(ns, [sys.executable, "-m", "testbed.fabric.delayline", "supervise", str(config)]),
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        waiting = set(procs)
+        while waiting:
+            for ns in sorted(waiting):
+                if read_status(ns).get("ready"):
+                    waiting.discard(ns)
+                elif procs[ns].poll() is not None or time.monotonic() > deadline:
+                    log = _files(ns)[2]
+                    tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
+                    raise RuntimeError(f"delay line in {ns} did not start: {' '.join(tail) or 'timed out'}")
+            time.sleep(0.005)
+    except BaseException:
+        for proc in procs.values():
+            proc.kill()
+        raise
+    return {ns: proc.pid for ns, proc in procs.items()}
 
 
 def read_status(ns: str) -> dict:
@@ -123,7 +134,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def gateway_of(plan: NetworkPlan, key: str) -> str | None:
+def gateway_of(plan: "NetworkPlan", key: str) -> str | None:
     """The gateway namespace whose delay line serves direction `key`, if any."""
     for ns, work in assignments(plan).items():
         if any(item.key == key for item in work):
@@ -131,7 +142,7 @@ def gateway_of(plan: NetworkPlan, key: str) -> str | None:
     return None
 
 
-def reconfigure(ns: str, key: str, spec: DelayLineSpec) -> None:
+def reconfigure(ns: str, key: str, spec: "DelayLineSpec") -> None:
     """Change direction `key` served by `ns`'s delay line, live (the supervisor forwards SIGHUP)."""
     config = _files(ns)[0]
     work = json.loads(config.read_text())

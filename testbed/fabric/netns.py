@@ -182,7 +182,8 @@ class NetnsFabric(Fabric):
         if not by_gateway:
             return
         self._progress(f"starting {len(by_gateway)} userspace delay lines")
-        pids = {ns: delayline.start(ns, work) for ns, work in by_gateway.items()}
+        cancel.check()
+        pids = delayline.start_all(by_gateway)
         if self.state is not None:
             self.state.delay_lines = pids
             save_state(self.state)

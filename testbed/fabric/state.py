@@ -7,9 +7,10 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from testbed.spec.link import LinkParams
+if TYPE_CHECKING:
+    from testbed.spec.link import LinkParams
 
 STATE_DIR_ENV = "TESTBED_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/testbed"
@@ -31,10 +32,12 @@ class FabricState:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # direction key -> LinkParams
     delay_lines: dict[str, int] = field(default_factory=dict)  # direction key -> pid
 
-    def override_params(self) -> dict[str, LinkParams]:
+    def override_params(self) -> dict[str, "LinkParams"]:
+        from testbed.spec.link import LinkParams
+
         return {key: LinkParams(**value) for key, value in self.overrides.items()}
 
-    def set_override(self, key: str, params: LinkParams) -> None:
+    def set_override(self, key: str, params: "LinkParams") -> None:
         self.overrides[key] = asdict(params)
 
 

@@ -104,8 +104,14 @@ def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> 
     return {"sent": count, "received": len(received), "rtts": rtts}
 
 
-def send(target: str, port: int, seconds: float) -> dict:
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+
+
+def send(target: str, port: int, seconds: float, pace_bps: float = 0.0) -> dict:
+    """One TCP flow; `pace_bps` caps it below the link rate (a flow that does not fill the queue)."""
     sock = socket.create_connection((target, port), timeout=30)
+    if pace_bps > 0:
+        sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(pace_bps / 8))
     payload = b"\0" * CHUNK
     start = time.monotonic()
     sent = 0
@@ -138,6 +144,7 @@ def main(argv: list[str]) -> int:
     p_send.add_argument("target")
     p_send.add_argument("--port", type=int, default=5201)
     p_send.add_argument("--seconds", type=float, default=3.0)
+    p_send.add_argument("--pace", type=float, default=0.0, help="pacing cap in bits/s (0 = none)")
     args = parser.parse_args(argv)
     if args.cmd == "serve":
         serve(args.port, args.warmup)
@@ -145,7 +152,7 @@ def main(argv: list[str]) -> int:
     if args.cmd == "rtt":
         result = rtt(args.target, args.port, args.count, args.interval, args.timeout)
     else:
-        result = send(args.target, args.port, args.seconds)
+        result = send(args.target, args.port, args.seconds, args.pace)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -1,0 +1,57 @@
+"""Bring-up and teardown time of the netns backend for 1x2, 2x4 and 4x8 nodes (medians of N runs).
+
+Usage: .venv/bin/python bench/bringup.py [--reps 5]   (root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import pandas as pd
+
+from testbed.fabric.control import bring_up, tear_down
+from testbed.fabric.netns import list_namespaces
+from testbed.spec.topology import topology_from_data
+
+PREFIX = "tb-bench-"
+
+
+def chain(dcs: int, nodes: int):
+    names = [f"dc{i}" for i in range(dcs)]
+    return topology_from_data({
+        "name": f"{dcs}x{nodes}",
+        "dcs": [{"name": n, "nodes": nodes} for n in names],
+        "links": [{"between": [a, b], "latency": "5ms", "bandwidth": "1gbit"} for a, b in zip(names, names[1:])],
+    })
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    rows = []
+    for dcs, nodes in ((1, 2), (2, 4), (4, 8)):
+        topology = chain(dcs, nodes)
+        ups, downs = [], []
+        for _ in range(args.reps):
+            start = time.perf_counter()
+            bring_up(topology, prefix=PREFIX)
+            ups.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            tear_down(PREFIX)
+            downs.append(time.perf_counter() - start)
+            assert not list_namespaces(PREFIX)
+        namespaces = dcs * (nodes + 2)
+        rows.append({"topology": f"{dcs} DC x {nodes} nodes", "namespaces": namespaces,
+                     "up median s": statistics.median(ups), "up max s": max(ups),
+                     "down median s": statistics.median(downs), "down max s": max(downs)})
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        tear_down(PREFIX)

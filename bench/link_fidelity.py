@@ -1,0 +1,151 @@
+"""Link fidelity: RTT error (p50/p99) idle and under load, goodput vs configured, delay-line CPU.
+
+One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for every shaper this kernel has
+(netem beside userspace-delay where sch_netem exists). "Loaded" RTT is measured while a TCP flow paced at
+90 % of the rate runs the same way (an unpaced flow fills the BDP-sized queue: that queueing delay is
+real link behaviour, not shaper error); goodput comes from a separate unpaced flow and is held against
+rate x 1448/1514. CPU is the delay-line worker serving the data direction, in % of one core.
+
+Usage: .venv/bin/python bench/link_fidelity.py [--delays 1,5,20,50] [--rates 100mbit,1gbit,2.5gbit]
+                                               [--out bench/out]   (root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from testbed import units
+from testbed.fabric import delayline
+from testbed.fabric.control import bring_up, tear_down
+from testbed.fabric.kernel import has_netem
+from testbed.probe.measure import PAYLOAD_PER_FRAME
+from testbed.spec.topology import topology_from_data
+
+PREFIX = "tb-fid-"
+PORT = 5201
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def agent(*args: str) -> list[str]:
+    return [sys.executable, "-m", "testbed.probe.agent", *args]
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def run_json(testbed, node: str, args: list[str], timeout: float) -> dict:
+    proc = testbed.fabric.popen(node, agent(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(err.strip()[-400:])
+    return json.loads(out)
+
+
+def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) -> dict:
+    topology = topology_from_data({"name": "fidelity", "dcs": [{"name": "east", "nodes": 1},
+                                                               {"name": "west", "nodes": 1}],
+                                   "links": [{"between": ["east", "west"], "latency": f"{delay_ms}ms",
+                                              "bandwidth": rate}]})
+    testbed = bring_up(topology, prefix=PREFIX, shaper=shaper)
+    rate_bps = units.parse_rate(rate)
+    rtt = 2 * delay_ms / 1e3
+    dst = testbed.plan.node("west-0").address
+    server = testbed.fabric.popen("west-0", agent("serve", "--port", str(PORT), "--warmup", "1.5"),
+                                  stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()
+        ping_args = ["rtt", dst, "--port", str(PORT), "--count", str(pings), "--interval", "0.005"]
+        idle = run_json(testbed, "east-0", ping_args, 120)["rtts"]
+        flow = run_json(testbed, "east-0", ["send", dst, "--port", str(PORT), "--seconds", str(seconds)], 120)
+        gateway = delayline.gateway_of(testbed.plan, "east->west")
+        worker = delayline.read_status(gateway).get("worker") if gateway else None
+        paced = testbed.fabric.popen("east-0", agent("send", dst, "--port", str(PORT), "--seconds",
+                                                     str(seconds + pings * 0.005), "--pace", str(0.9 * rate_bps)),
+                                     stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        cpu0, t0 = (cpu_seconds(worker), time.monotonic()) if worker else (float("nan"), 0.0)
+        loaded = run_json(testbed, "east-0", ping_args, 120)["rtts"]
+        cpu = (cpu_seconds(worker) - cpu0) / (time.monotonic() - t0) * 100 if worker else float("nan")
+        paced_result = json.loads(paced.communicate(timeout=120)[0])
+    finally:
+        server.kill()
+        server.wait()
+        tear_down(PREFIX)
+
+    def err_ms(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return (ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] - rtt) * 1e3
+
+    expected = rate_bps * PAYLOAD_PER_FRAME
+    return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate,
+            "idle p50 err ms": err_ms(idle, 0.5), "idle p99 err ms": err_ms(idle, 0.99),
+            "idle p50 err %": err_ms(idle, 0.5) / (rtt * 1e3) * 100,
+            "loaded p50 err ms": err_ms(loaded, 0.5), "loaded p99 err ms": err_ms(loaded, 0.99),
+            "goodput/expected": flow["goodput_bps"] / expected,
+            "goodput/configured": flow["goodput_bps"] / rate_bps,
+            "paced Mbit/s": paced_result["goodput_bps"] / 1e6, "delay-line CPU %": cpu,
+            "lost pings": pings * 2 - len(idle) - len(loaded)}
+
+
+def plot(frame: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (shaper, rate), group in frame.groupby(["shaper", "rate"]):
+        axes[0].plot(group["one-way ms"], group["loaded p99 err ms"], marker="o", label=f"{shaper} {rate}")
+        axes[1].plot(group["one-way ms"], group["goodput/expected"] * 100, marker="o", label=f"{shaper} {rate}")
+    axes[0].set(xlabel="one-way delay (ms)", ylabel="p99 RTT error under load (ms)", xscale="log")
+    axes[1].set(xlabel="one-way delay (ms)", ylabel="goodput / expected (%)", xscale="log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--delays", default="1,5,20,50")
+    parser.add_argument("--rates", default="100mbit,1gbit,2.5gbit")
+    parser.add_argument("--pings", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    args = parser.parse_args()
+    shapers = ["userspace-delay"] + (["netem"] if has_netem() else [])
+    rows = []
+    for shaper in shapers:
+        for rate in args.rates.split(","):
+            for delay in [float(d) for d in args.delays.split(",")]:
+                rows.append(cell(delay, rate, shaper, args.pings, args.seconds))
+                print(f"done {shaper} {rate} {delay} ms", file=sys.stderr)
+    frame = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out / "link_fidelity.csv", index=False)
+    plot(frame, args.out / "link_fidelity.png")
+    print(frame.to_markdown(index=False, floatfmt=".3g"))
+    if "netem" not in shapers:
+        print("\n(no sch_netem on this kernel: the netem columns are measured only where it exists)")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        tear_down(PREFIX)

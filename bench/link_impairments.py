@@ -1,0 +1,69 @@
+"""Loss and jitter of the emulated link, measured: loss over >= 10 000 packets, jitter's spread against
+the configured law (uniform on [latency - jitter, latency + jitter], standard deviation jitter/sqrt(3)).
+Impairments are configured on the east->west direction only, so round trips carry them once.
+
+Usage: .venv/bin/python bench/link_impairments.py [--packets 10000]   (root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+import pandas as pd
+
+from testbed.fabric.control import bring_up, tear_down
+from testbed.spec.topology import topology_from_data
+
+PREFIX = "tb-imp-"
+
+
+def pings(link: dict, count: int, interval: float) -> dict:
+    topology = topology_from_data({"name": "impair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                                   "links": [{"between": ["east", "west"], **link}]})
+    testbed = bring_up(topology, prefix=PREFIX)
+    try:
+        dst = testbed.plan.node("west-0").address
+        server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.probe.agent", "serve"],
+                                      stdout=subprocess.PIPE, text=True)
+        server.stdout.readline()
+        client = testbed.fabric.popen("east-0", [sys.executable, "-m", "testbed.probe.agent", "rtt", dst, "--count",
+                                                 str(count), "--interval", str(interval)], stdout=subprocess.PIPE, text=True)
+        result = json.loads(client.communicate(timeout=600)[0])
+        server.kill()
+        server.wait()
+        return result
+    finally:
+        tear_down(PREFIX)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--packets", type=int, default=10000)
+    args = parser.parse_args()
+    rows = []
+    for loss in (0.001, 0.01, 0.05):
+        r = pings({"latency": "2ms", "bandwidth": "1gbit", "loss": f"{loss * 100}%", "reverse": {"loss": "0%"}},
+                  args.packets, 0.001)
+        measured = 1 - r["received"] / r["sent"]
+        rows.append({"impairment": f"loss {loss:.1%}", "packets": r["sent"], "configured": loss,
+                     "measured": measured, "measured/configured": measured / loss})
+    for jitter_ms in (1.0, 2.0, 5.0):
+        count = max(400, args.packets // 10)
+        r = pings({"latency": "20ms", "jitter": f"{jitter_ms}ms", "reverse": {"jitter": "0ms"}}, count,
+                  2.2 * jitter_ms / 1e3)  # spaced wider than the jitter window: FIFO never clamps
+        expected = jitter_ms / 1e3 / 3**0.5
+        measured = statistics.pstdev(r["rtts"])
+        rows.append({"impairment": f"jitter {jitter_ms:g}ms (std)", "packets": len(r["rtts"]),
+                     "configured": expected, "measured": measured, "measured/configured": measured / expected})
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        tear_down(PREFIX)
