@@ -1,0 +1,116 @@
+"""Collectives and point-to-point transfers that account their time and bytes in the step's Meter."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from testbed.workload.compression import Codec
+from testbed.workload.metrics import Meter
+
+
+class Comm:
+    def __init__(self, meter: Meter, inject_delay: float = 0.0) -> None:
+        self.meter = meter
+        self.inject_delay = inject_delay  # seconds added to cross-DC point-to-point sends (loopback studies)
+        self._delayed: dict[int, "queue.Queue"] = {}
+
+    # --- collectives (synchronous; the caller decides whether the wait is exposed) -------------------
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, ranks: list[int]) -> None:
+        self.meter.traffic("all_reduce", tensor.numel() * tensor.element_size(), ranks)
+        if len(ranks) > 1:
+            with self.meter.timed("comm_s"):
+                dist.all_reduce(tensor, group=group)
+
+    def all_reduce_async(self, tensor: torch.Tensor, group: dist.ProcessGroup, ranks: list[int]):
+        self.meter.traffic("all_reduce", tensor.numel() * tensor.element_size(), ranks)
+        return dist.all_reduce(tensor, group=group, async_op=True) if len(ranks) > 1 else None
+
+    def reduce_scatter(self, flat: torch.Tensor, group: dist.ProcessGroup, ranks: list[int]) -> torch.Tensor:
+        """Sum `flat` (length divisible by the group size) over the group; return this rank's shard."""
+        g = len(ranks)
+        if g == 1:
+            return flat.clone()
+        self.meter.traffic("reduce_scatter", flat.numel() * flat.element_size(), ranks)
+        shard = torch.empty(flat.numel() // g, dtype=flat.dtype)
+        with self.meter.timed("comm_s"):
+            dist.reduce_scatter(shard, list(flat.chunk(g)), group=group)
+        return shard
+
+    def all_gather(self, shard: torch.Tensor, group: dist.ProcessGroup, ranks: list[int]) -> torch.Tensor:
+        g = len(ranks)
+        if g == 1:
+            return shard.clone()
+        self.meter.traffic("all_gather", shard.numel() * shard.element_size(), ranks)
+        out = torch.empty(shard.numel() * g, dtype=shard.dtype)
+        with self.meter.timed("comm_s"):
+            dist.all_gather_into_tensor(out, shard, group=group)
+        return out
+
+    def compressed_all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, ranks: list[int],
+                              codec: Codec, key: str) -> torch.Tensor:
+        """Sum over the group through `codec`: all-gather the encoded parts, decode and sum locally."""
+        if codec.name == "none":
+            out = tensor.clone()
+            self.all_reduce(out, group, ranks)
+            return out
+        parts = codec.encode(tensor, key)
+        if len(ranks) == 1:
+            return codec.decode([parts], tensor.numel())
+        gathered: list[list[torch.Tensor]] = [[] for _ in ranks]
+        for part in parts:
+            self.meter.traffic("all_gather", part.numel() * part.element_size(), ranks)
+            buffers = [torch.empty_like(part) for _ in ranks]
+            with self.meter.timed("comm_s"):
+                dist.all_gather(buffers, part, group=group)
+            for index, buffer in enumerate(buffers):
+                gathered[index].append(buffer)
+        return codec.decode(gathered, tensor.numel())
+
+    # --- point to point ------------------------------------------------------------------------------
+    def isend(self, tensor: torch.Tensor, peer: int, tag: int, cross_dc: bool):
+        """Start sending; returns something with .wait(). Cross-DC sends get the injected delay, if any."""
+        self.meter.p2p(tensor.numel() * tensor.element_size(), peer)
+        if cross_dc and self.inject_delay > 0:
+            return self._delayed_send(tensor, peer, tag)
+        return dist.isend(tensor, peer, tag=tag)
+
+    def irecv(self, tensor: torch.Tensor, peer: int, tag: int):
+        return dist.irecv(tensor, peer, tag=tag)
+
+    def _delayed_send(self, tensor: torch.Tensor, peer: int, tag: int):
+        """A per-peer FIFO thread that sends each tensor `inject_delay` after it was handed over."""
+        if peer not in self._delayed:
+            q: queue.Queue = queue.Queue()
+            self._delayed[peer] = q
+
+            def pump() -> None:
+                while True:
+                    item = q.get()
+                    if item is None:
+                        return
+                    due, data, item_tag, done = item
+                    pause = due - time.monotonic()
+                    if pause > 0:
+                        time.sleep(pause)
+                    dist.send(data, peer, tag=item_tag)
+                    done.set()
+
+            threading.Thread(target=pump, daemon=True).start()
+        done = threading.Event()
+        self._delayed[peer].put((time.monotonic() + self.inject_delay, tensor, tag, done))
+
+        class _Handle:
+            def wait(self_inner) -> bool:
+                done.wait()
+                return True
+
+        return _Handle()
+
+    def close(self) -> None:
+        for q in self._delayed.values():
+            q.put(None)

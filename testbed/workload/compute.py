@@ -1,0 +1,48 @@
+"""Forward/backward of one micro-batch: real autograd, or a calibrated sleep (synthetic mode).
+
+Synthetic mode keeps the bytes real (gradients and activations of the true shapes cross the network)
+while replacing the arithmetic by a sleep, so 16-32 ranks fit on two cores, or a big model's
+compute/communication ratio can be emulated from a device profile.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from testbed.workload.model import GPT, ModelConfig, count_parameters, flops_per_token, loss_fn
+from testbed.workload.options import Options
+
+BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
+
+
+def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, repeats: int = 3) -> float:
+    """Median real forward+backward time of one micro-batch of the whole model on this machine."""
+    model = GPT(cfg)
+    x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq_len))
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        loss_fn(model(x), x).backward()
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def synthetic_seconds(cfg: ModelConfig, opts: Options) -> float:
+    """Forward+backward seconds per micro-batch for the whole model in synthetic mode."""
+    if opts.compute_ms is not None:
+        return opts.compute_ms / 1e3
+    if opts.device_tflops:
+        tokens = opts.micro_batch * cfg.seq_len
+        return flops_per_token(cfg, count_parameters(GPT(cfg))) * tokens / (opts.device_tflops * 1e12)
+    return measure_compute_seconds(cfg, opts.micro_batch)
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleep to a perf_counter deadline precisely (short sleeps overshoot on a busy machine)."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        time.sleep(left if left > 0.002 else 0)

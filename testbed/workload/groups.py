@@ -1,0 +1,48 @@
+"""Process groups built from the DC layout: intra-DC, inter-DC (same index in every DC) and extra
+inter-DC "lanes" so several chunks can be in flight on separate connections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from testbed.workload.layout import Layout
+
+
+@dataclass
+class Groups:
+    layout: Layout
+    intra: dist.ProcessGroup
+    inter: dist.ProcessGroup
+    lanes: list[dist.ProcessGroup]  # inter-DC groups (lanes[0] is `inter`)
+    intra_ranks: list[int]
+    inter_ranks: list[int]
+
+    @property
+    def world(self) -> dist.ProcessGroup:
+        return dist.group.WORLD
+
+
+def backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def build_groups(layout: Layout, lanes: int = 1) -> Groups:
+    """Every rank creates every group in the same order (a torch.distributed requirement)."""
+    intra = inter = None
+    lane_groups: list[dist.ProcessGroup] = []
+    for dc in range(layout.num_dcs):
+        group = dist.new_group(layout.dc_ranks(dc))
+        if dc == layout.dc:
+            intra = group
+    for lane in range(max(1, lanes)):
+        for index in range(layout.nodes_per_dc):
+            group = dist.new_group(layout.peers_across_dcs(index))
+            if index == layout.index_in_dc:
+                lane_groups.append(group)
+    inter = lane_groups[0]
+    assert intra is not None and inter is not None
+    return Groups(layout, intra, inter, lane_groups, layout.dc_ranks(layout.dc),
+                  layout.peers_across_dcs(layout.index_in_dc))

@@ -1,0 +1,123 @@
+"""A GPT-style decoder-only transformer in plain torch, sized by preset, splittable into pipeline chunks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 256  # byte-level tokens
+    seq_len: int = 64
+    d_model: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(d_model=64, n_layers=4, n_heads=4, seq_len=64),  # ~0.2M params: a CPU step in ms
+    "small": ModelConfig(d_model=256, n_layers=6, n_heads=8, seq_len=128),  # ~4.8M
+    "medium": ModelConfig(d_model=512, n_layers=8, n_heads=8, seq_len=256),  # ~25M
+    "gpt-100m": ModelConfig(d_model=768, n_layers=14, n_heads=12, seq_len=512),  # ~99M
+}
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
+                                 nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
+        self.n_heads = cfg.n_heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.attn(self.ln1(x)).split(d, dim=2)
+        shape = (b, t, self.n_heads, d // self.n_heads)
+        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def layers(cfg: ModelConfig) -> list[nn.Module]:
+    """The model as an ordered list of modules: embedding, blocks, head (pipeline chunks cut this list)."""
+    return [Embed(cfg), *[Block(cfg) for _ in range(cfg.n_layers)], Head(cfg)]
+
+
+class GPT(nn.Sequential):
+    """The whole model in one module (data-parallel strategies and the unpipelined reference)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(*layers(cfg))
+        self.cfg = cfg
+        init_weights(self)
+
+
+def init_weights(module: nn.Module) -> None:
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            nn.init.normal_(sub.weight, std=0.02)
+            if sub.bias is not None:
+                nn.init.zeros_(sub.bias)
+        elif isinstance(sub, nn.Embedding):
+            nn.init.normal_(sub.weight, std=0.02)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def split_points(n_modules: int, n_chunks: int) -> list[tuple[int, int]]:
+    """Cut `n_modules` consecutive modules into `n_chunks` contiguous, near-equal ranges."""
+    if n_chunks > n_modules:
+        raise ValueError(f"cannot cut {n_modules} layers into {n_chunks} pipeline chunks")
+    base, extra = divmod(n_modules, n_chunks)
+    bounds, start = [], 0
+    for chunk in range(n_chunks):
+        end = start + base + (1 if chunk < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def flops_per_token(cfg: ModelConfig, n_params: int) -> float:
+    """Training FLOPs per token: 6N plus attention (Kaplan et al.), for the synthetic device profile."""
+    return 6 * n_params + 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
+
+
+__all__ = ["ModelConfig", "PRESETS", "GPT", "layers", "init_weights", "loss_fn", "split_points", "math"]

@@ -1,0 +1,89 @@
+"""The training loop: init torch.distributed, build groups and the strategy, step, write metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from testbed.workload import data
+from testbed.workload.comm import Comm
+from testbed.workload.compute import synthetic_seconds
+from testbed.workload.groups import backend, build_groups
+from testbed.workload.layout import layout_from_env
+from testbed.workload.metrics import Meter, MetricsWriter
+from testbed.workload.model import PRESETS, count_parameters, GPT
+from testbed.workload.options import Options
+from testbed.workload.strategies import make_strategy
+from testbed.workload.strategies.base import Context
+
+
+def model_config(opts: Options):
+    if opts.preset not in PRESETS:
+        raise ValueError(f"unknown preset {opts.preset!r} (known: {', '.join(PRESETS)})")
+    cfg = PRESETS[opts.preset]
+    return dataclasses.replace(cfg, seq_len=opts.seq_len) if opts.seq_len else cfg
+
+
+def train(opts: Options) -> list[dict]:
+    """Initialise torch.distributed from the environment, train, tear down; returns the step records."""
+    layout = layout_from_env()
+    torch.set_num_threads(max(1, int(os.environ.get("TESTBED_THREADS_PER_RANK", "1"))))
+    dist.init_process_group(backend(), timeout=timedelta(seconds=float(os.environ.get("TESTBED_PG_TIMEOUT", "300"))))
+    try:
+        return train_in_group(opts, layout)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_in_group(opts: Options, layout) -> list[dict]:
+    """Run `opts.steps` steps on this rank inside an initialised default group (JSON lines as it goes)."""
+    cfg = model_config(opts)
+    groups = build_groups(layout, lanes=opts.lanes)
+    meter = Meter(layout)
+    comm = Comm(meter, inject_delay=opts.inject_delay_ms / 1e3)
+    synthetic = None
+    if opts.synthetic:
+        value = torch.tensor([synthetic_seconds(cfg, opts)], dtype=torch.float64)
+        dist.broadcast(value, 0)  # every rank sleeps the same: rank 0's calibration
+        synthetic = float(value)
+    strategy = make_strategy(opts.strategy)
+    strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic))
+    writer = MetricsWriter(opts.metrics_dir or os.environ.get("TESTBED_METRICS_DIR"), layout.rank)
+    writer.write({"event": "start", "rank": layout.rank, "dc": layout.dc, "num_dcs": layout.num_dcs,
+                  "nodes_per_dc": layout.nodes_per_dc, "world": layout.world, "strategy": opts.strategy,
+                  "options": dataclasses.asdict(opts), "model": dataclasses.asdict(cfg),
+                  "parameters": count_parameters(GPT(cfg)), "corpus_sha256": data.corpus_hash(),
+                  "backend": backend(), "synthetic_s": synthetic, "time": time.time()})
+    first, count = strategy.samples_per_step()
+    share = layout.num_dcs if opts.strategy == "pp" else 1  # a pipeline's tokens, counted once
+    records = []
+    for step in range(opts.steps):
+        x, y = data.samples(step, first, count, cfg.seq_len, opts.seed)
+        micro = list(zip(x.split(opts.micro_batch), y.split(opts.micro_batch)))
+        meter.reset()
+        start = time.perf_counter()
+        result = strategy.step(step, micro)
+        wall = time.perf_counter() - start
+        c = meter.reset()
+        record = {"event": "step", "step": step, "rank": layout.rank, "dc": layout.dc,
+                  "strategy": opts.strategy, "time": time.time(), "wall_s": wall,
+                  "compute_s": c.compute_s, "comm_s": c.comm_s, "exposed_s": c.exposed_s,
+                  "bubble_s": c.bubble_s, "bytes_intra": c.bytes_intra, "bytes_inter": c.bytes_inter,
+                  "wire_intra": c.wire_intra, "wire_inter": c.wire_inter,
+                  "tokens": count * cfg.seq_len / share, **result}
+        writer.write(record)
+        records.append(record)
+    writer.close()
+    if opts.dump_dir:
+        Path(opts.dump_dir).mkdir(parents=True, exist_ok=True)
+        torch.save({"grads": strategy.named_gradients(), "params": strategy.named_parameters(),
+                    "records": records}, Path(opts.dump_dir) / f"rank{layout.rank}.pt")
+    comm.close()
+    dist.barrier()
+    return records

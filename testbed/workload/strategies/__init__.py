@@ -1,0 +1,20 @@
+"""Training strategies, selectable by name."""
+
+from __future__ import annotations
+
+from testbed.workload.strategies.base import Strategy
+
+
+def make_strategy(name: str) -> Strategy:
+    from testbed.workload.strategies.diloco import DiLoCo, StreamingDiLoCo
+    from testbed.workload.strategies.dp import FlatDP, HierDP, HierDPOverlap
+    from testbed.workload.strategies.pipeline import Pipeline
+
+    table = {"flat-dp": FlatDP, "hier-dp": HierDP, "hier-dp-overlap": HierDPOverlap, "pp": Pipeline,
+             "diloco": DiLoCo, "streaming-diloco": StreamingDiLoCo}
+    if name not in table:
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(table)})")
+    return table[name]()
+
+
+STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco")

@@ -1,0 +1,68 @@
+"""The strategy interface and what every strategy is handed."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from testbed.workload.comm import Comm
+from testbed.workload.groups import Groups
+from testbed.workload.layout import Layout
+from testbed.workload.metrics import Meter
+from testbed.workload.model import GPT, ModelConfig
+from testbed.workload.options import Options
+
+MicroBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Context:
+    layout: Layout
+    groups: Groups
+    meter: Meter
+    comm: Comm
+    cfg: ModelConfig
+    opts: Options
+    synthetic_s: float | None  # forward+backward seconds per micro-batch of the whole model, synthetic mode
+
+
+class Strategy(ABC):
+    """setup() once, then step() per training step with this rank's micro-batches."""
+
+    name = "strategy"
+
+    def setup(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        """Run one step; return {'loss': float | None, ...}. Counters go to ctx.meter."""
+
+    def samples_per_step(self) -> tuple[int, int]:
+        """(first global sample, count) this rank trains on per step."""
+        opts, layout = self.ctx.opts, self.ctx.layout
+        per_rank = opts.micro_batch * opts.micro_batches
+        return layout.rank * per_rank, per_rank
+
+    def named_gradients(self) -> dict[str, torch.Tensor]:
+        """The averaged gradients the last step applied (tests compare strategies with them)."""
+        return {}
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {}
+
+
+def build_model(ctx: Context) -> GPT:
+    """The same initial weights on every rank and in every strategy."""
+    torch.manual_seed(ctx.opts.seed)
+    return GPT(ctx.cfg)
+
+
+def make_optimizer(params, opts: Options) -> torch.optim.Optimizer:
+    if opts.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.0)
+    if opts.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=opts.lr)
+    raise ValueError(f"unknown optimizer {opts.optimizer!r} (adamw, sgd)")

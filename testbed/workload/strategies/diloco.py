@@ -1,0 +1,150 @@
+"""DiLoCo and Streaming DiLoCo: low-communication training across DCs.
+
+diloco: every step is plain data parallel inside the DC (all-reduce over the DC's nodes) with the inner
+optimizer (AdamW); every H steps the pseudo-gradient (global weights - local weights) is averaged across
+DCs and applied to the global weights by the outer optimizer, Nesterov SGD (lr 0.7, momentum 0.9), and
+every replica restarts from the new global weights. With `outer_shard` each node of a DC averages only
+1/n of the pseudo-gradient across DCs and the DC all-gathers the rest (cross-DC payload per rank per step:
+N/(n*H); without sharding N/H).
+
+streaming-diloco: the parameters are cut into fragments synchronised in turn (fragment f at steps
+f*H/F, f*H/F + H, ...); each fragment's cross-DC all-reduce is started asynchronously and only applied
+`overlap_steps` inner steps later, so it hides behind them. On arrival the fragment becomes the new
+global fragment plus the local progress made since its sync started.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from testbed.workload.strategies.base import Context, MicroBatch
+from testbed.workload.strategies.dp import DataParallel
+
+
+def _outer_optimizer(params: list[torch.Tensor], lr: float, momentum: float) -> torch.optim.SGD:
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0)
+
+
+class DiLoCo(DataParallel):
+    name = "diloco"
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self.global_params = [p.detach().clone() for p in self.params]
+        self.outer = _outer_optimizer(self.global_params, ctx.opts.outer_lr, ctx.opts.outer_momentum)
+
+    def sync(self) -> None:
+        """Inner data parallelism: average gradients over this DC's nodes."""
+        groups = self.ctx.groups
+        flat = self.flat_gradients(self.params)
+        self.ctx.comm.all_reduce(flat, groups.intra, groups.intra_ranks)
+        offset = 0
+        for param in self.params:
+            param.grad.copy_(flat[offset: offset + param.numel()].view_as(param)).div_(len(groups.intra_ranks))
+            offset += param.numel()
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        loss = self.compute(index, micro_batches)
+        start = time.perf_counter()
+        self.sync()
+        self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+        if self.ctx.synthetic_s is None:
+            self.optimizer.step()
+        outer = (index + 1) % max(1, self.ctx.opts.inner_steps) == 0
+        if outer:
+            start = time.perf_counter()
+            self.outer_step(list(range(len(self.params))))
+            self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+        return {"loss": loss, "outer_step": outer}
+
+    def pseudo_gradient_average(self, indexes: list[int]) -> torch.Tensor:
+        """Mean over DCs of (global - local) for the parameters `indexes`, flat."""
+        groups, comm, opts = self.ctx.groups, self.ctx.comm, self.ctx.opts
+        delta = torch.cat([(self.global_params[i] - self.params[i].detach()).reshape(-1) for i in indexes])
+        n = self.ctx.layout.nodes_per_dc
+        if opts.outer_shard and n > 1:
+            pad = (-delta.numel()) % n
+            padded = torch.nn.functional.pad(delta, (0, pad))
+            shard = padded.chunk(n)[self.ctx.layout.index_in_dc].clone()
+            comm.all_reduce(shard, groups.inter, groups.inter_ranks)
+            delta = comm.all_gather(shard, groups.intra, groups.intra_ranks)[: delta.numel()]
+        else:
+            comm.all_reduce(delta, groups.inter, groups.inter_ranks)
+        return delta / self.ctx.layout.num_dcs
+
+    def apply_outer(self, indexes: list[int], delta: torch.Tensor, optimizer: torch.optim.Optimizer,
+                    local_progress: list[torch.Tensor] | None = None) -> None:
+        offset = 0
+        for k, i in enumerate(indexes):
+            n = self.params[i].numel()
+            self.global_params[i].grad = delta[offset: offset + n].view_as(self.params[i]).clone()
+            offset += n
+        optimizer.step()
+        with torch.no_grad():
+            for k, i in enumerate(indexes):
+                self.params[i].copy_(self.global_params[i])
+                if local_progress is not None:
+                    self.params[i].add_(local_progress[k])
+
+    def outer_step(self, indexes: list[int]) -> None:
+        self.apply_outer(indexes, self.pseudo_gradient_average(indexes), self.outer)
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in zip(self.names, self.params)}
+
+
+class StreamingDiLoCo(DiLoCo):
+    name = "streaming-diloco"
+
+    def setup(self, ctx: Context) -> None:
+        DataParallel.setup(self, ctx)
+        self.global_params = [p.detach().clone() for p in self.params]
+        count = max(1, min(ctx.opts.fragments, len(self.params)))
+        bounds = torch.linspace(0, len(self.params), count + 1).round().long().tolist()
+        self.fragments = [list(range(bounds[f], bounds[f + 1])) for f in range(count)]
+        self.outers = [_outer_optimizer([self.global_params[i] for i in frag], ctx.opts.outer_lr,
+                                        ctx.opts.outer_momentum) for frag in self.fragments]
+        self.in_flight: list[tuple[int, int, object, torch.Tensor, list[torch.Tensor]]] = []
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        loss = self.compute(index, micro_batches)
+        start = time.perf_counter()
+        self.sync()
+        self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+        if self.ctx.synthetic_s is None:
+            self.optimizer.step()
+        opts = self.ctx.opts
+        period = max(1, opts.inner_steps)
+        started = []
+        for f, frag in enumerate(self.fragments):
+            if (index + 1 - f * period // len(self.fragments)) % period == 0 and index + 1 >= f * period // len(
+                    self.fragments):
+                self._start(f, index)
+                started.append(f)
+        start = time.perf_counter()
+        for item in [x for x in self.in_flight if index >= x[1] + opts.overlap_steps]:
+            self._finish(item)
+        self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+        return {"loss": loss, "outer_fragments": started}
+
+    def _start(self, f: int, index: int) -> None:
+        groups = self.ctx.groups
+        frag = self.fragments[f]
+        delta = torch.cat([(self.global_params[i] - self.params[i].detach()).reshape(-1) for i in frag])
+        snapshot = [self.params[i].detach().clone() for i in frag]
+        work = self.ctx.comm.all_reduce_async(delta, groups.inter, groups.inter_ranks)
+        self.in_flight.append((f, index, work, delta, snapshot))
+        if self.ctx.opts.overlap_steps <= 0:
+            self._finish(self.in_flight[-1])
+
+    def _finish(self, item) -> None:
+        f, _, work, delta, snapshot = item
+        self.in_flight.remove(item)
+        if work is not None:
+            with self.ctx.meter.timed("comm_s"):
+                work.wait()
+        frag = self.fragments[f]
+        progress = [self.params[i].detach() - snapshot[k] for k, i in enumerate(frag)]
+        self.apply_outer(frag, delta / self.ctx.layout.num_dcs, self.outers[f], progress)

@@ -1,0 +1,219 @@
+"""Data-parallel strategies: flat all-reduce, Megatron-style hierarchical, and bucketed/chunked overlap.
+
+- flat-dp: one all-reduce of all gradients over all ranks (the baseline).
+- hier-dp: as Megatron-Core's partial distributed optimizer moves gradients: reduce-scatter inside the
+  DC, all-reduce of only the local shard across DCs, all-gather inside the DC. Cross-DC payload per rank
+  falls by the number of nodes per DC.
+- hier-dp-overlap: the same per gradient bucket, launched from a communication thread as soon as a
+  bucket's gradients are final (during backward), with each bucket's inter-DC shard cut into chunks that
+  are all in flight at once over several inter-DC process groups ("lanes"): gloo over a long link is
+  app-limited, so one stream at a time cannot fill it (NeMo's chunked inter-DC communication).
+Compression (fp16/bf16/int8) applies to the inter-DC step (to the whole all-reduce for flat-dp).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from testbed.workload.compression import make_codec
+from testbed.workload.compute import BACKWARD_SHARE, sleep_until
+from testbed.workload.model import loss_fn
+from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+
+
+class DataParallel(Strategy):
+    """Shared machinery: model replica, gradient accumulation over micro-batches, optimizer."""
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self.model = build_model(ctx)
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self.params = [param for _, param in self.model.named_parameters()]
+        for param in self.params:
+            param.grad = torch.zeros_like(param)
+        self.optimizer = make_optimizer(self.params, ctx.opts)
+        self.codec = make_codec(ctx.opts.compression)
+        self._last_grads: dict[str, torch.Tensor] = {}
+
+    # --- compute -----------------------------------------------------------------------------------
+    def compute(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
+        """Forward and backward of every micro-batch, accumulating the mean gradient; returns the loss."""
+        for param in self.params:
+            param.grad.zero_()
+        if self.ctx.synthetic_s is not None:
+            with self.ctx.meter.timed("compute_s"):
+                self.synthetic_backward(len(micro_batches))
+            return None
+        total = 0.0
+        for number, (x, y) in enumerate(micro_batches):
+            self.before_micro_batch(number == len(micro_batches) - 1)
+            start = time.perf_counter()
+            loss = loss_fn(self.model(x), y) / len(micro_batches)
+            loss.backward()
+            self.ctx.meter.add("compute_s", time.perf_counter() - start)
+            total += loss.item()
+        return total
+
+    def before_micro_batch(self, last: bool) -> None:
+        """Hook for strategies that start communication during the last backward."""
+
+    def synthetic_backward(self, micro_batches: int) -> None:
+        sleep_until(time.perf_counter() + self.ctx.synthetic_s * micro_batches)
+        self.fill_synthetic_gradients()
+
+    def fill_synthetic_gradients(self) -> None:
+        value = 1e-3 * (self.ctx.layout.rank + 1)
+        for param in self.params:
+            param.grad.fill_(value)
+
+    # --- gradient sync -------------------------------------------------------------------------------
+    def flat_gradients(self, params: list[torch.nn.Parameter], multiple: int = 1) -> torch.Tensor:
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        pad = (-flat.numel()) % multiple
+        return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
+
+    def write_gradients(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+        offset = 0
+        scale = 1.0 / self.ctx.layout.world
+        for param in params:
+            n = param.numel()
+            param.grad.copy_(flat[offset: offset + n].view_as(param)).mul_(scale)
+            offset += n
+
+    def hierarchical(self, flat: torch.Tensor, key: str) -> torch.Tensor:
+        """Sum `flat` over all ranks: reduce-scatter in the DC, all-reduce the shard across DCs, all-gather."""
+        groups, comm = self.ctx.groups, self.ctx.comm
+        shard = comm.reduce_scatter(flat, groups.intra, groups.intra_ranks)
+        shard = comm.compressed_all_reduce(shard, groups.inter, groups.inter_ranks, self.codec, key)
+        return comm.all_gather(shard, groups.intra, groups.intra_ranks)
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        loss = self.compute(index, micro_batches)
+        start = time.perf_counter()
+        self.sync()
+        self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+        if self.ctx.opts.dump_dir:
+            self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
+        if self.ctx.synthetic_s is None:
+            self.optimizer.step()
+        return {"loss": loss}
+
+    def named_gradients(self) -> dict[str, torch.Tensor]:
+        return self._last_grads
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in zip(self.names, self.params)}
+
+
+class FlatDP(DataParallel):
+    name = "flat-dp"
+
+    def sync(self) -> None:
+        world = list(range(self.ctx.layout.world))
+        flat = self.flat_gradients(self.params)
+        summed = self.ctx.comm.compressed_all_reduce(flat, dist.group.WORLD, world, self.codec, "all")
+        self.write_gradients(self.params, summed)
+
+
+class HierDP(DataParallel):
+    name = "hier-dp"
+
+    def sync(self) -> None:
+        n = self.ctx.layout.nodes_per_dc
+        flat = self.flat_gradients(self.params, multiple=n)
+        self.write_gradients(self.params, self.hierarchical(flat, "all"))
+
+
+class HierDPOverlap(DataParallel):
+    name = "hier-dp-overlap"
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        limit = max(1, int(ctx.opts.bucket_mb * 1e6 / 4))
+        self.buckets: list[list[torch.nn.Parameter]] = []
+        current: list[torch.nn.Parameter] = []
+        for param in reversed(self.params):  # gradients become final roughly in reverse order
+            current.append(param)
+            if sum(p.numel() for p in current) >= limit:
+                self.buckets.append(current)
+                current = []
+        if current:
+            self.buckets.append(current)
+        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self._pending: list[int] = [0] * len(self.buckets)
+        self._armed = False
+        self._queue: queue.Queue = queue.Queue()
+        self._error: list[BaseException] = []
+        threading.Thread(target=self._communicate, daemon=True).start()
+        for param in self.params:
+            param.register_post_accumulate_grad_hook(self._grad_ready)
+
+    # backward side ---------------------------------------------------------------------------------
+    def before_micro_batch(self, last: bool) -> None:
+        self._armed = last
+        self._pending = [len(bucket) for bucket in self.buckets]
+
+    def _grad_ready(self, param: torch.nn.Parameter) -> None:
+        if not self._armed:
+            return
+        b = self.bucket_of[id(param)]
+        self._pending[b] -= 1
+        if self._pending[b] == 0:
+            self._queue.put(b)
+
+    def synthetic_backward(self, micro_batches: int) -> None:
+        """Forward, then each bucket's share of backward, handing each bucket over as it is done."""
+        total = self.ctx.synthetic_s * micro_batches
+        deadline = time.perf_counter() + total * (1 - BACKWARD_SHARE)
+        sleep_until(deadline)
+        self.fill_synthetic_gradients()
+        numel = sum(p.numel() for p in self.params)
+        for b, bucket in enumerate(self.buckets):
+            deadline += total * BACKWARD_SHARE * sum(p.numel() for p in bucket) / numel
+            sleep_until(deadline)
+            self._queue.put(b)
+
+    # communication thread ----------------------------------------------------------------------------
+    def _communicate(self) -> None:
+        while True:
+            b = self._queue.get()
+            try:
+                self._sync_bucket(b)
+            except BaseException as error:  # surfaced in the training thread
+                self._error.append(error)
+            finally:
+                self._queue.task_done()
+
+    def _sync_bucket(self, b: int) -> None:
+        groups, comm, opts = self.ctx.groups, self.ctx.comm, self.ctx.opts
+        bucket = self.buckets[b]
+        chunks = max(1, opts.chunks)
+        n = self.ctx.layout.nodes_per_dc
+        flat = self.flat_gradients(bucket, multiple=n * chunks)
+        shard = comm.reduce_scatter(flat, groups.intra, groups.intra_ranks)
+        pieces = list(shard.chunk(chunks))
+        with self.ctx.meter.timed("comm_s"):
+            if self.codec.name == "none":
+                works = [comm.all_reduce_async(piece, groups.lanes[i % len(groups.lanes)], groups.inter_ranks)
+                         for i, piece in enumerate(pieces)]
+                for work in works:
+                    if work is not None:
+                        work.wait()
+            else:
+                pieces = [comm.compressed_all_reduce(piece, groups.lanes[i % len(groups.lanes)], groups.inter_ranks,
+                                                     self.codec, f"{b}.{i}") for i, piece in enumerate(pieces)]
+        full = comm.all_gather(torch.cat(pieces), groups.intra, groups.intra_ranks)
+        self.write_gradients(bucket, full)
+
+    def sync(self) -> None:
+        self._queue.join()  # the exposed part: what backward did not hide
+        if self._error:
+            raise RuntimeError(f"gradient communication failed: {self._error[0]}") from self._error[0]

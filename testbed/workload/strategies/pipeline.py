@@ -1,0 +1,267 @@
+"""Pipeline parallelism with the stage boundary on the DC boundary.
+
+Stage s of a pipeline lives in DC s; the n nodes of a DC are n pipeline replicas (data parallel inside
+the DC: the stage's gradients are all-reduced over the DC after the pipeline flush). The model (embedding,
+blocks, head) is cut into p*v contiguous chunks; chunk c belongs to stage c mod p (v > 1 only for the
+interleaved schedule).
+
+Schedules (lists of F/B operations per stage, executed by one engine):
+- gpipe: all forwards, then all backwards.
+- 1f1b: p-s-1 warm-up forwards, then one forward / one backward, then the remaining backwards.
+- interleaved-1f1b: Megatron's virtual-pipeline order over v chunks per stage (m divisible by p).
+- overlap: 1f1b with (p-s-1) x (1 + lookahead) warm-up forwards (enough micro-batches in flight to cover
+  the round trip to the last stage) and every receive posted at the start of the step, so activations
+  and gradients cross the long link while the stage computes (the GeoPipe idea).
+Sends are always asynchronous; in the non-overlapped schedules a receive is posted only when its
+operation is next, so the transfer's latency is exposed there.
+
+Bubble: the part of a stage's step that is neither its own compute nor its data-parallel sync
+(waiting for activations/gradients and idling), reported per rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+from torch import nn
+
+from testbed.workload.compute import BACKWARD_SHARE, sleep_until
+from testbed.workload.model import GPT, loss_fn, split_points
+from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
+Op = tuple[str, int, int]  # ("F" | "B", virtual chunk index on this stage, micro-batch)
+
+
+def gpipe(p: int, s: int, m: int) -> list[Op]:
+    return [("F", 0, mb) for mb in range(m)] + [("B", 0, mb) for mb in reversed(range(m))]
+
+
+def one_f_one_b(p: int, s: int, m: int, extra: int = 0) -> list[Op]:
+    """1F1B; with `extra`, each of the p-s-1 hops to the last stage and back gets `extra` more micro-batches
+    in flight (the last stage, whose forward->backward path crosses no link, gets none)."""
+    warmup = min(m, (p - s - 1) * (1 + extra))
+    ops: list[Op] = [("F", 0, mb) for mb in range(warmup)]
+    forward, backward = warmup, 0
+    while forward < m:
+        ops.append(("F", 0, forward))
+        forward += 1
+        ops.append(("B", 0, backward))
+        backward += 1
+    ops += [("B", 0, mb) for mb in range(backward, m)]
+    return ops
+
+
+def interleaved(p: int, s: int, m: int, v: int) -> list[Op]:
+    """Megatron-LM's interleaved 1F1B order for stage s (m must be a multiple of p)."""
+    if m % p:
+        raise ValueError(f"interleaved-1f1b needs micro-batches ({m}) to be a multiple of stages ({p})")
+    total = m * v
+
+    def forward_op(k: int) -> Op:
+        return ("F", (k // p) % v, (k // (p * v)) * p + k % p)
+
+    def backward_op(k: int) -> Op:
+        return ("B", v - 1 - (k // p) % v, (k // (p * v)) * p + k % p)
+
+    warmup = total if m == p else min(total, (p - s - 1) * 2 + (v - 1) * p)
+    ops = [forward_op(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        ops.append(forward_op(warmup + k))
+        ops.append(backward_op(k))
+    ops += [backward_op(k) for k in range(total - warmup, total)]
+    return ops
+
+
+def schedule_ops(name: str, p: int, s: int, m: int, v: int, lookahead: int) -> list[Op]:
+    if name == "gpipe":
+        return gpipe(p, s, m)
+    if name == "1f1b":
+        return one_f_one_b(p, s, m)
+    if name == "interleaved-1f1b":
+        return interleaved(p, s, m, v)
+    if name == "overlap":
+        return one_f_one_b(p, s, m, extra=lookahead)
+    raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
+
+
+class Pipeline(Strategy):
+    name = "pp"
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        opts, layout = ctx.opts, ctx.layout
+        self.p, self.stage = layout.num_dcs, layout.dc
+        self.v = opts.virtual_chunks if opts.schedule == "interleaved-1f1b" else 1
+        self.m = opts.micro_batches
+        full: GPT = build_model(ctx)
+        modules = list(full)
+        bounds = split_points(len(modules), self.p * self.v)
+        self.global_chunks = [self.stage + k * self.p for k in range(self.v)]  # virtual k -> global chunk
+        self.chunks: list[nn.Sequential] = []
+        self.names: list[str] = []
+        self.params: list[nn.Parameter] = []
+        for g in self.global_chunks:
+            lo, hi = bounds[g]
+            self.chunks.append(nn.Sequential(*modules[lo:hi]))
+            for index in range(lo, hi):
+                for name, param in modules[index].named_parameters():
+                    self.names.append(f"{index}.{name}")
+                    self.params.append(param)
+        for param in self.params:
+            param.grad = torch.zeros_like(param)
+        self.optimizer = make_optimizer(self.params, opts)
+        self.last_chunk = self.p * self.v - 1
+        self.shape = (opts.micro_batch, ctx.cfg.seq_len, ctx.cfg.d_model)
+        self.lookahead = self._lookahead() if opts.schedule == "overlap" else 0
+        self.ops = schedule_ops(opts.schedule, self.p, self.stage, self.m, self.v, self.lookahead)
+        self._last_grads: dict[str, torch.Tensor] = {}
+
+    def _lookahead(self) -> int:
+        """Extra warm-up micro-batches for `overlap`: enough to cover one cross-DC round trip."""
+        opts = self.ctx.opts
+        if opts.lookahead >= 0:
+            return opts.lookahead
+        rtt = float(os.environ.get("TESTBED_LINK_RTT_MS", "0")) / 1e3 or 2 * opts.inject_delay_ms / 1e3
+        per_micro = (self.ctx.synthetic_s or 0.0) / self.p
+        if rtt <= 0 or per_micro <= 0:
+            return max(1, self.p - 1)
+        return min(self.m, math.ceil(rtt / per_micro))
+
+    def samples_per_step(self) -> tuple[int, int]:
+        opts, layout = self.ctx.opts, self.ctx.layout
+        per_pipeline = opts.micro_batch * self.m
+        return layout.index_in_dc * per_pipeline, per_pipeline
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def owner(self, g: int) -> int:
+        """Rank holding global chunk g in this rank's pipeline replica."""
+        layout = self.ctx.layout
+        return (g % self.p) * layout.nodes_per_dc + layout.index_in_dc
+
+    def tag(self, g: int, mb: int, backward: bool) -> int:
+        return (g * 4096 + mb) * 2 + int(backward)
+
+    def _synthetic_seconds(self) -> tuple[float, float]:
+        per_chunk = self.ctx.synthetic_s / (self.p * self.v)
+        return per_chunk * (1 - BACKWARD_SHARE), per_chunk * BACKWARD_SHARE
+
+    # --- one step ------------------------------------------------------------------------------------------
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        ctx = self.ctx
+        comm, meter, rank = ctx.comm, ctx.meter, ctx.layout.rank
+        overlap = ctx.opts.schedule == "overlap"
+        step_start = time.perf_counter()
+        for param in self.params:
+            param.grad.zero_()
+        synthetic = ctx.synthetic_s is not None
+        t_fwd, t_bwd = self._synthetic_seconds() if synthetic else (0.0, 0.0)
+        recvs: dict[tuple[int, int, bool], tuple[torch.Tensor, object]] = {}
+        local: dict[tuple[int, int, bool], torch.Tensor] = {}
+        sends: list[object] = []
+        saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        losses: list[float] = []
+
+        def post(g: int, mb: int, backward: bool) -> None:
+            peer = self.owner(g + 1 if backward else g - 1)
+            buffer = torch.empty(self.shape)
+            recvs[(g, mb, backward)] = (buffer, comm.irecv(buffer, peer, self.tag(g, mb, backward)))
+
+        def incoming(g: int, mb: int, backward: bool) -> torch.Tensor:
+            key = (g, mb, backward)
+            if key in local:
+                return local.pop(key)
+            if key not in recvs:
+                post(g, mb, backward)
+            buffer, handle = recvs.pop(key)
+            handle.wait()
+            return buffer
+
+        def outgoing(g_to: int, mb: int, backward: bool, tensor: torch.Tensor) -> None:
+            peer = self.owner(g_to)
+            if peer == rank:
+                local[(g_to, mb, backward)] = tensor
+            else:
+                sends.append(comm.isend(tensor.contiguous(), peer, self.tag(g_to, mb, backward),
+                                        cross_dc=ctx.layout.dc_of(peer) != ctx.layout.dc))
+
+        if overlap:  # every receive of the step posted now: transfers start the moment peers send
+            for kind, k, mb in self.ops:
+                g = self.global_chunks[k]
+                if kind == "F" and g > 0 and self.owner(g - 1) != rank:
+                    post(g, mb, False)
+                if kind == "B" and g < self.last_chunk and self.owner(g + 1) != rank:
+                    post(g, mb, True)
+
+        for kind, k, mb in self.ops:
+            g = self.global_chunks[k]
+            if kind == "F":
+                x = micro_batches[mb][0] if g == 0 else incoming(g, mb, False)
+                start = time.perf_counter()
+                if synthetic:
+                    sleep_until(start + t_fwd)
+                    out = torch.zeros(self.shape) if g < self.last_chunk else torch.zeros(())
+                    saved[(g, mb)] = (None, out)
+                else:
+                    if g > 0:
+                        x = x.detach().requires_grad_(True)
+                    out = self.chunks[k](x)
+                    if g == self.last_chunk:
+                        out = loss_fn(out, micro_batches[mb][1]) / self.m
+                        losses.append(out.item())
+                    saved[(g, mb)] = (x if g > 0 else None, out)
+                meter.add("compute_s", time.perf_counter() - start)
+                if g < self.last_chunk:
+                    outgoing(g + 1, mb, False, out.detach())
+            else:
+                grad = None if g == self.last_chunk else incoming(g, mb, True)
+                x, out = saved.pop((g, mb))
+                start = time.perf_counter()
+                if synthetic:
+                    sleep_until(start + t_bwd)
+                    grad_in = torch.zeros(self.shape) if g > 0 else None
+                else:
+                    out.backward(grad)
+                    grad_in = x.grad if g > 0 else None
+                meter.add("compute_s", time.perf_counter() - start)
+                if g > 0:
+                    outgoing(g - 1, mb, True, grad_in)
+        for handle in sends:
+            handle.wait()
+        pipeline_end = time.perf_counter()
+        if synthetic:
+            for param in self.params:
+                param.grad.fill_(1e-3)
+        dp_start = time.perf_counter()
+        self._data_parallel_sync()
+        dp = time.perf_counter() - dp_start
+        meter.add("exposed_s", dp)
+        if ctx.opts.dump_dir:
+            self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
+        if not synthetic:
+            self.optimizer.step()
+        pipeline_time = pipeline_end - step_start
+        bubble = max(0.0, pipeline_time - meter.step.compute_s)
+        meter.add("bubble_s", bubble)
+        return {"loss": sum(losses) if losses else None, "stage": self.stage, "lookahead": self.lookahead,
+                "pipeline_s": pipeline_time}
+
+    def _data_parallel_sync(self) -> None:
+        groups = self.ctx.groups
+        if len(groups.intra_ranks) == 1:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        self.ctx.comm.all_reduce(flat, groups.intra, groups.intra_ranks)
+        offset = 0
+        for param in self.params:
+            param.grad.copy_(flat[offset: offset + param.numel()].view_as(param)).div_(len(groups.intra_ranks))
+            offset += param.numel()
+
+    def named_gradients(self) -> dict[str, torch.Tensor]:
+        return self._last_grads
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in zip(self.names, self.params)}

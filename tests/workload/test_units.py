@@ -1,0 +1,131 @@
+"""Workload pieces that need no processes: layout, schedules, compression, data, model."""
+
+import itertools
+
+import pytest
+import torch
+
+from testbed.workload import data
+from testbed.workload.compression import BLOCK, make_codec
+from testbed.workload.layout import LayoutError, layout_from_env
+from testbed.workload.model import GPT, PRESETS, count_parameters, split_points
+from testbed.workload.strategies.pipeline import schedule_ops
+
+
+def test_layout_from_torchrun_env():
+    layout = layout_from_env({"RANK": "5", "WORLD_SIZE": "6", "TESTBED_NUM_DCS": "3", "TESTBED_NODES_PER_DC": "2"})
+    assert (layout.dc, layout.index_in_dc) == (2, 1)
+    assert layout.peers_across_dcs(1) == [1, 3, 5] and layout.dc_ranks(1) == [2, 3]
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"RANK": "0", "WORLD_SIZE": "4", "TESTBED_NUM_DCS": "3", "TESTBED_NODES_PER_DC": "2"}, "does not match"),
+    ({"RANK": "0", "WORLD_SIZE": "4", "TESTBED_NUM_DCS": "2", "TESTBED_NODES_PER_DC": "2", "TESTBED_DC": "1"},
+     "numbered DC by DC"),
+    ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
+])
+def test_bad_layouts_are_one_line(env, needle):
+    with pytest.raises(LayoutError, match=needle):
+        layout_from_env(env)
+
+
+def simulate(p: int, m: int, v: int, schedule: str, t_f: float = 1.0, t_b: float = 2.0, lookahead: int = 0):
+    """Event simulation of every stage's op list with zero-latency links: (makespan, busy per stage)."""
+    ops = {s: schedule_ops(schedule, p, s, m, v, lookahead) for s in range(p)}
+    done: dict[tuple, float] = {}
+    clock = {s: 0.0 for s in range(p)}
+    position = {s: 0 for s in range(p)}
+    last = p * v - 1
+    progressed = True
+    while progressed:
+        progressed = False
+        for s in range(p):
+            while position[s] < len(ops[s]):
+                kind, k, mb = ops[s][position[s]]
+                g = s + k * p
+                need = (("F", g - 1, mb) if g > 0 else None) if kind == "F" else (
+                    ("B", g + 1, mb) if g < last else ("F", g, mb))
+                if need is not None and need not in done:
+                    break
+                start = max(clock[s], done.get(need, 0.0))
+                clock[s] = start + (t_f if kind == "F" else t_b)
+                done[(kind, g, mb)] = clock[s]
+                position[s] += 1
+                progressed = True
+    assert all(position[s] == len(ops[s]) for s in range(p)), "schedule deadlocks"
+    return max(clock.values())
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "overlap"])
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8)])
+def test_schedules_cover_every_op_once_without_deadlock(schedule, p, m):
+    v = 2 if schedule == "interleaved-1f1b" else 1
+    for s in range(p):
+        ops = schedule_ops(schedule, p, s, m, v, lookahead=2)
+        assert sorted(ops) == sorted((kind, k, mb) for kind in "FB" for k in range(v) for mb in range(m))
+        for k, mb in itertools.product(range(v), range(m)):
+            assert ops.index(("F", k, mb)) < ops.index(("B", k, mb))
+    simulate(p, m, v, schedule, lookahead=2)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 16)])
+def test_1f1b_bubble_matches_theory(p, m):
+    makespan = simulate(p, m, 1, "1f1b")
+    bubble = 1 - m * 3.0 / makespan
+    assert bubble == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_interleaving_shrinks_the_bubble():
+    p, m, v = 4, 8, 2
+    plain = 1 - m * 3.0 / simulate(p, m, 1, "1f1b")
+    inter = 1 - m * 3.0 / simulate(p, m, v, "interleaved-1f1b", t_f=0.5, t_b=1.0)
+    assert inter < plain
+    assert inter == pytest.approx((p - 1) / (m * v + p - 1), rel=0.35)
+
+
+def test_int8_error_stays_within_the_documented_bound():
+    torch.manual_seed(0)
+    ranks = [torch.randn(3 * BLOCK + 17) * (r + 1) for r in range(3)]
+    codec = make_codec("int8")
+    parts = [codec.encode(x, f"r{r}") for r, x in enumerate(ranks)]
+    decoded = codec.decode(parts, ranks[0].numel())
+    exact = torch.stack(ranks).sum(0)
+    bound = sum(x.abs().max() / 254 for x in ranks)  # sum over ranks of max|x|/254
+    assert (decoded - exact).abs().max() <= bound * 1.0001
+    assert parts[0][0].dtype == torch.int8
+
+
+def test_int8_error_feedback_carries_what_was_lost():
+    torch.manual_seed(1)
+    x = torch.randn(BLOCK) * 1e-3
+    x[0] = 1.0  # one large value makes the small ones round to zero without feedback
+    codec = make_codec("int8")
+    sent = torch.zeros_like(x)
+    for step in range(50):
+        sent += codec.decode([codec.encode(x, "k")], x.numel())
+    assert torch.allclose(sent / 50, x, atol=1.0 / 254 / 50 * 2)
+
+
+def test_half_codecs_halve_the_payload():
+    x = torch.randn(1000)
+    for name in ("fp16", "bf16"):
+        codec = make_codec(name)
+        (part,) = codec.encode(x, "k")
+        assert part.element_size() == 2
+        assert torch.allclose(codec.decode([[part]], 1000), x, rtol=1e-2, atol=1e-2)
+
+
+def test_data_is_offline_deterministic_and_layout_invariant():
+    assert len(data.corpus()) > 100_000 and len(data.corpus_hash()) == 16
+    x, y = data.samples(3, 0, 8, 64, seed=7)
+    x2, _ = data.samples(3, 4, 4, 64, seed=7)
+    assert torch.equal(x[4:], x2)  # sample i does not depend on who asks for it
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert not torch.equal(data.samples(4, 0, 8, 64, seed=7)[0], x)
+
+
+def test_presets_and_pipeline_cuts():
+    assert 90e6 < count_parameters(GPT(PRESETS["gpt-100m"])) < 110e6
+    assert split_points(6, 2) == [(0, 3), (3, 6)] and split_points(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    with pytest.raises(ValueError):
+        split_points(2, 3)
