@@ -113,6 +113,8 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
         axes[1].plot(group["one-way ms"], group["goodput/expected"] * 100, marker="o", label=f"{shaper} {rate}")
     axes[0].set(xlabel="one-way delay (ms)", ylabel="p99 RTT error under load (ms)", xscale="log")
     axes[1].set(xlabel="one-way delay (ms)", ylabel="goodput / expected (%)", xscale="log")
+    axes[1].set_ylim(80, 105)
+    axes[1].ticklabel_format(axis="y", useOffset=False, style="plain")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -16,7 +16,9 @@ from testbed.workload.metrics import Meter
 class Comm:
     def __init__(self, meter: Meter, inject_delay: float = 0.0) -> None:
         self.meter = meter
-        self.inject_delay = inject_delay  # seconds added to cross-DC point-to-point sends (loopback studies)
+        # seconds added to cross-DC point-to-point sends (loopback studies with gloo: the sending thread
+        # would share an NCCL communicator with the training thread, which NCCL does not allow)
+        self.inject_delay = inject_delay
         self._delayed: dict[int, "queue.Queue"] = {}
 
     # --- collectives (synchronous; the caller decides whether the wait is exposed) -------------------
@@ -36,7 +38,7 @@ class Comm:
         if g == 1:
             return flat.clone()
         self.meter.traffic("reduce_scatter", flat.numel() * flat.element_size(), ranks)
-        shard = torch.empty(flat.numel() // g, dtype=flat.dtype)
+        shard = torch.empty(flat.numel() // g, dtype=flat.dtype, device=flat.device)
         with self.meter.timed("comm_s"):
             dist.reduce_scatter(shard, list(flat.chunk(g)), group=group)
         return shard
@@ -46,7 +48,7 @@ class Comm:
         if g == 1:
             return shard.clone()
         self.meter.traffic("all_gather", shard.numel() * shard.element_size(), ranks)
-        out = torch.empty(shard.numel() * g, dtype=shard.dtype)
+        out = torch.empty(shard.numel() * g, dtype=shard.dtype, device=shard.device)
         with self.meter.timed("comm_s"):
             dist.all_gather_into_tensor(out, shard, group=group)
         return out

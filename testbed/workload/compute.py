@@ -17,26 +17,30 @@ from testbed.workload.options import Options
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
 
 
-def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, repeats: int = 3) -> float:
-    """Median real forward+backward time of one micro-batch of the whole model on this machine."""
-    model = GPT(cfg)
-    x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq_len))
+def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None,
+                            repeats: int = 3) -> float:
+    """Median real forward+backward time of one micro-batch of the whole model on this device."""
+    device = device or torch.device("cpu")
+    model = GPT(cfg).to(device)
+    x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq_len), device=device)
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
         loss_fn(model(x), x).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def synthetic_seconds(cfg: ModelConfig, opts: Options) -> float:
+def synthetic_seconds(cfg: ModelConfig, opts: Options, device: torch.device | None = None) -> float:
     """Forward+backward seconds per micro-batch for the whole model in synthetic mode."""
     if opts.compute_ms is not None:
         return opts.compute_ms / 1e3
     if opts.device_tflops:
         tokens = opts.micro_batch * cfg.seq_len
         return flops_per_token(cfg, count_parameters(GPT(cfg))) * tokens / (opts.device_tflops * 1e12)
-    return measure_compute_seconds(cfg, opts.micro_batch)
+    return measure_compute_seconds(cfg, opts.micro_batch, device)
 
 
 def sleep_until(deadline: float) -> None:

@@ -44,16 +44,22 @@ def train(opts: Options) -> list[dict]:
 def train_in_group(opts: Options, layout) -> list[dict]:
     """Run `opts.steps` steps on this rank inside an initialised default group (JSON lines as it goes)."""
     cfg = model_config(opts)
+    device = torch.device("cpu")
+    if backend() == "nccl":
+        device = torch.device("cuda", layout.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if opts.inject_delay_ms and device.type == "cuda":
+        raise ValueError("--inject-delay-ms is for gloo on loopback; on GPUs shape the links instead")
     groups = build_groups(layout, lanes=opts.lanes)
     meter = Meter(layout)
     comm = Comm(meter, inject_delay=opts.inject_delay_ms / 1e3)
     synthetic = None
     if opts.synthetic:
-        value = torch.tensor([synthetic_seconds(cfg, opts)], dtype=torch.float64)
+        value = torch.tensor([synthetic_seconds(cfg, opts, device)], dtype=torch.float64, device=device)
         dist.broadcast(value, 0)  # every rank sleeps the same: rank 0's calibration
         synthetic = float(value)
     strategy = make_strategy(opts.strategy)
-    strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic))
+    strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device))
     writer = MetricsWriter(opts.metrics_dir or os.environ.get("TESTBED_METRICS_DIR"), layout.rank)
     writer.write({"event": "start", "rank": layout.rank, "dc": layout.dc, "num_dcs": layout.num_dcs,
                   "nodes_per_dc": layout.nodes_per_dc, "world": layout.world, "strategy": opts.strategy,
@@ -65,7 +71,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     records = []
     for step in range(opts.steps):
         x, y = data.samples(step, first, count, cfg.seq_len, opts.seed)
-        micro = list(zip(x.split(opts.micro_batch), y.split(opts.micro_batch)))
+        micro = list(zip(x.to(device).split(opts.micro_batch), y.to(device).split(opts.micro_batch)))
         meter.reset()
         start = time.perf_counter()
         result = strategy.step(step, micro)

@@ -26,6 +26,12 @@ class Context:
     cfg: ModelConfig
     opts: Options
     synthetic_s: float | None  # forward+backward seconds per micro-batch of the whole model, synthetic mode
+    device: torch.device = torch.device("cpu")
+
+    def synchronize(self) -> None:
+        """Wait for queued GPU work, so that wall-clock compute timings are true."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 class Strategy(ABC):
@@ -56,8 +62,8 @@ class Strategy(ABC):
 
 def build_model(ctx: Context) -> GPT:
     """The same initial weights on every rank and in every strategy."""
-    torch.manual_seed(ctx.opts.seed)
-    return GPT(ctx.cfg)
+    torch.manual_seed(ctx.opts.seed)  # initialised on the CPU: identical on every rank and device
+    return GPT(ctx.cfg).to(ctx.device)
 
 
 def make_optimizer(params, opts: Options) -> torch.optim.Optimizer:

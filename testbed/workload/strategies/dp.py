@@ -55,6 +55,7 @@ class DataParallel(Strategy):
             start = time.perf_counter()
             loss = loss_fn(self.model(x), y) / len(micro_batches)
             loss.backward()
+            self.ctx.synchronize()
             self.ctx.meter.add("compute_s", time.perf_counter() - start)
             total += loss.item()
         return total

@@ -167,7 +167,7 @@ class Pipeline(Strategy):
 
         def post(g: int, mb: int, backward: bool) -> None:
             peer = self.owner(g + 1 if backward else g - 1)
-            buffer = torch.empty(self.shape)
+            buffer = torch.empty(self.shape, device=ctx.device)
             recvs[(g, mb, backward)] = (buffer, comm.irecv(buffer, peer, self.tag(g, mb, backward)))
 
         def incoming(g: int, mb: int, backward: bool) -> torch.Tensor:
@@ -203,7 +203,7 @@ class Pipeline(Strategy):
                 start = time.perf_counter()
                 if synthetic:
                     sleep_until(start + t_fwd)
-                    out = torch.zeros(self.shape) if g < self.last_chunk else torch.zeros(())
+                    out = torch.zeros(self.shape, device=ctx.device) if g < self.last_chunk else torch.zeros(())
                     saved[(g, mb)] = (None, out)
                 else:
                     if g > 0:
@@ -212,6 +212,7 @@ class Pipeline(Strategy):
                     if g == self.last_chunk:
                         out = loss_fn(out, micro_batches[mb][1]) / self.m
                         losses.append(out.item())
+                    ctx.synchronize()
                     saved[(g, mb)] = (x if g > 0 else None, out)
                 meter.add("compute_s", time.perf_counter() - start)
                 if g < self.last_chunk:
@@ -222,9 +223,10 @@ class Pipeline(Strategy):
                 start = time.perf_counter()
                 if synthetic:
                     sleep_until(start + t_bwd)
-                    grad_in = torch.zeros(self.shape) if g > 0 else None
+                    grad_in = torch.zeros(self.shape, device=ctx.device) if g > 0 else None
                 else:
                     out.backward(grad)
+                    ctx.synchronize()
                     grad_in = x.grad if g > 0 else None
                 meter.add("compute_s", time.perf_counter() - start)
                 if g > 0:
