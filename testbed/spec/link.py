@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -31,6 +31,15 @@ class LinkParams:
         }
 
 
+def unit_field(parser: Callable[[Any], float], *fields: str) -> Any:
+    """A pydantic before-validator that parses unit strings of `fields` with `parser` (None stays None)."""
+
+    def parse(cls: type, value: Any) -> float | None:
+        return None if value is None else parser(value)
+
+    return field_validator(*fields, mode="before")(classmethod(parse))
+
+
 class _LinkFields(BaseModel):
     """Fields shared by a link and its `reverse:` overrides, parsed from unit strings."""
 
@@ -43,25 +52,10 @@ class _LinkFields(BaseModel):
     loss: float | None = None
     queue: int | Literal["auto"] | None = None
 
-    @field_validator("latency", "jitter", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_duration(value)
-
-    @field_validator("distance", mode="before")
-    @classmethod
-    def _distance(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_distance(value)
-
-    @field_validator("bandwidth", mode="before")
-    @classmethod
-    def _rate(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_rate(value)
-
-    @field_validator("loss", mode="before")
-    @classmethod
-    def _loss(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_fraction(value)
+    _durations = unit_field(units.parse_duration, "latency", "jitter")
+    _distance = unit_field(units.parse_distance, "distance")
+    _rate = unit_field(units.parse_rate, "bandwidth")
+    _loss = unit_field(units.parse_fraction, "loss")
 
     @field_validator("queue", mode="before")
     @classmethod

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from testbed import units
-from testbed.spec.link import LinkParams, ReverseOverrides, _LinkFields
+from testbed.spec.link import LinkParams, ReverseOverrides, _LinkFields, unit_field
 from testbed.spec.loader import load_model, validate_data
 
 DEFAULT_SUBNET = "198.18.0.0/15"  # RFC 2544 benchmarking range
@@ -24,15 +24,8 @@ class IntraSpec(BaseModel):
     bandwidth: float | None = None
     latency: float = 0.0
 
-    @field_validator("bandwidth", mode="before")
-    @classmethod
-    def _rate(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_rate(value)
-
-    @field_validator("latency", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float:
-        return units.parse_duration(value)
+    _rate = unit_field(units.parse_rate, "bandwidth")
+    _duration = unit_field(units.parse_duration, "latency")
 
     def params(self) -> LinkParams:
         return LinkParams(latency=self.latency, bandwidth=self.bandwidth)

@@ -45,13 +45,18 @@ class DiLoCo(DataParallel):
             param.grad.copy_(flat[offset: offset + param.numel()].view_as(param)).div_(len(groups.intra_ranks))
             offset += param.numel()
 
-    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+    def inner_step(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
+        """One step of data parallelism inside the DC with the inner optimizer; returns the loss."""
         loss = self.compute(index, micro_batches)
         start = time.perf_counter()
         self.sync()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
         if self.ctx.synthetic_s is None:
             self.optimizer.step()
+        return loss
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        loss = self.inner_step(index, micro_batches)
         outer = (index + 1) % max(1, self.ctx.opts.inner_steps) == 0
         if outer:
             start = time.perf_counter()
@@ -109,12 +114,7 @@ class StreamingDiLoCo(DiLoCo):
         self.in_flight: list[tuple[int, int, object, torch.Tensor, list[torch.Tensor]]] = []
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
-        loss = self.compute(index, micro_batches)
-        start = time.perf_counter()
-        self.sync()
-        self.ctx.meter.add("exposed_s", time.perf_counter() - start)
-        if self.ctx.synthetic_s is None:
-            self.optimizer.step()
+        loss = self.inner_step(index, micro_batches)
         opts = self.ctx.opts
         period = max(1, opts.inner_steps)
         started = []
