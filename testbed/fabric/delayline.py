@@ -35,6 +35,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from testbed.atomic import write_text
 from testbed.fabric import nsexec
 from testbed.fabric.state import state_dir
 
@@ -149,9 +150,7 @@ def reconfigure(ns: str, key: str, spec: "DelayLineSpec") -> None:
     for item in work:
         if item["key"] == key:
             item.update(latency=spec.latency, jitter=spec.jitter, loss=spec.loss)
-    tmp = config.with_suffix(".tmp")
-    tmp.write_text(json.dumps(work))
-    os.replace(tmp, config)
+    write_text(config, json.dumps(work))
     pid = read_status(ns).get("supervisor")
     if not pid or not alive(pid):
         raise RuntimeError(f"delay line of {ns} is not running")
@@ -260,9 +259,7 @@ def supervise(config_path: str) -> int:
     stop = {"flag": False}
 
     def write_state() -> None:
-        tmp = ns_status.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, ns_status)
+        write_text(ns_status, json.dumps(state))
 
     def on_usr1(*_: object) -> None:
         bound["flag"] = True

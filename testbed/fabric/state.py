@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from testbed.atomic import write_text
 
 if TYPE_CHECKING:
     from testbed.spec.link import LinkParams
@@ -47,12 +48,7 @@ def state_path(prefix: str) -> Path:
 
 def save(state: FabricState) -> None:
     """Write atomically: a crash never leaves half a state file."""
-    path = state_path(state.prefix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-")
-    with os.fdopen(fd, "w") as out:
-        json.dump(asdict(state), out, indent=1)
-    os.replace(tmp, path)
+    write_text(state_path(state.prefix), json.dumps(asdict(state), indent=1))
 
 
 def load(prefix: str) -> FabricState | None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from rich.table import Table
+
+from testbed.atomic import write_text
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -43,7 +44,7 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
     """probe.json (everything) and probe.md (the table), written atomically."""
     directory.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"testbed": info, "pairs": records}, indent=1)
-    _atomic(directory / "probe.json", payload)
+    write_text(directory / "probe.json", payload)
     frame = probe_frame(records)
     columns = ["src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_p50_ms", "rtt_p99_ms", "rtt_p50_error_ms",
                "loss_configured", "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps",
@@ -53,11 +54,5 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
              "- goodput expected = configured rate x 1448/1514 (TCP payload per 1514-byte frame at MTU 1500)",
              "- RTT applied = latency of the link ends on the round trip that a running mechanism delays", "",
              frame[columns].to_markdown(index=False, floatfmt=".3f") if not frame.empty else "(no pairs)", ""]
-    _atomic(directory / "probe.md", "\n".join(lines))
+    write_text(directory / "probe.md", "\n".join(lines))
     return directory / "probe.md"
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
