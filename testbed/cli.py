@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from pyroute2 import NetlinkError
 from rich.console import Console
 from rich.table import Table
 
@@ -41,6 +41,8 @@ def _guard(fn: Any) -> Any:
         return fn()
     except (SpecError, FabricError) as error:
         _fail(str(error))
+    except NetlinkError as error:
+        _fail(f"the kernel refused a request: {os.strerror(error.code)} ({error})")
     except PermissionError as error:
         _fail(f"{error.strerror or error}: {error.filename or ''} (network namespaces need root)")
     except KeyboardInterrupt:
@@ -245,6 +247,82 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
         out.print(probe_table(records, info))
     if dead:
         _fail(f"delay line died during the probe in {', '.join(dead)}: results are not valid", 1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(ctx: typer.Context,
+        experiment: Optional[Path] = typer.Argument(None, help="Experiment YAML file."),
+        out_dir: Path = typer.Option(Path("results"), "--out", help="Results root."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
+        only: Optional[str] = typer.Option(None, "--only", help="Run only cells whose id matches (glob or substring)."),
+        topology: Optional[Path] = typer.Option(None, "--topology",
+                                                help="Bring your own workload: run the command after -- on every rank."),
+        ranks_per_node: int = typer.Option(1, "--ranks-per-node"),
+        timeout: float = typer.Option(3600, "--timeout", help="With --topology: seconds before the run is stopped."),
+        shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+        prefix: str = PrefixOption) -> None:
+    """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report."""
+    from testbed.runner.experiment import run_command, run_experiment
+    from testbed.runner.progress import RunProgress
+
+    cancel.install()
+    progress = RunProgress(err)
+    try:
+        if topology is not None:
+            command = ([str(experiment)] if experiment else []) + list(ctx.args)
+            if not command:
+                _fail("--topology needs a command after --, e.g. testbed run --topology T -- python train.py")
+            run_dir = _guard(lambda: run_command(topology, command, out_dir, prefix=prefix, shaper=shaper,
+                                                 ranks_per_node=ranks_per_node, timeout=timeout, progress=progress))
+        else:
+            if experiment is None:
+                _fail("give an experiment file, or --topology T -- COMMAND")
+            run_dir = _guard(lambda: run_experiment(experiment, out_dir, prefix=prefix, shaper=shaper, resume=resume,
+                                                    only=only, progress=progress))
+    finally:
+        progress.stop()
+    report = run_dir / "report.html"
+    out.print(f"[green]done[/green]: {run_dir}" + (f"\nreport: {report}" if report.exists() else ""))
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run directory (results/<experiment>/<run>).")) -> None:
+    """Rebuild the tables, plots and report of a run directory."""
+    from testbed.collect.report import build_report
+
+    if not (run_dir / "manifest.json").exists():
+        _fail(f"{run_dir}: not a run directory (no manifest.json)")
+    out.print(f"report: {build_report(run_dir)}")
+
+
+@app.command()
+def compare(first: Path = typer.Argument(...), second: Path = typer.Argument(...)) -> None:
+    """Put two runs side by side (throughput and efficiency per strategy and sweep point)."""
+    from testbed.collect.compare import compare_runs
+
+    for path in (first, second):
+        if not (path / "manifest.json").exists():
+            _fail(f"{path}: not a run directory (no manifest.json)")
+    frame = compare_runs(first, second)
+    print(frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "nothing in common to compare")
+
+
+@app.command()
+def check(run_dir: Path = typer.Argument(...)) -> None:
+    """Exit non-zero when a threshold of the experiment is missed (for nightly CI)."""
+    from testbed.collect.report import _check_line, build_report
+
+    if not (run_dir / "manifest.json").exists():
+        _fail(f"{run_dir}: not a run directory (no manifest.json)")
+    build_report(run_dir)
+    checks = json.loads((run_dir / "thresholds.json").read_text())
+    for item in checks:
+        out.print(_check_line(item), highlight=False)
+    failed = [item for item in checks if not item["passed"]]
+    if not checks:
+        out.print("no thresholds in this experiment")
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

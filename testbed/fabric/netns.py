@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from typing import Any, Callable
 
 from pyroute2 import NetlinkError, NetNS, netns
+from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from testbed.fabric import cancel, delayline, nsexec
 from testbed.fabric.state import FabricState
@@ -243,15 +244,21 @@ class NetnsFabric(Fabric):
             self._reshape_delay_line(key, new.delay_line)
         old_kinds = [(o.what, o.kind, o.handle) for o in end.shaping.tc]
         new_kinds = [(o.what, o.kind, o.handle) for o in new.tc]
+        try:
+            self._change_tc(end, new, old_kinds == new_kinds)
+        except NetlinkError as error:
+            raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
+
+    def _change_tc(self, end: LinkEnd, new, same_tree: bool) -> None:
         with NetNS(end.ns) as ns:
             index = ns.link_lookup(ifname=end.ifname)[0]
-            if old_kinds == new_kinds:
+            if same_tree:
                 for obj in new.tc:
                     if obj.kind != "htb" or obj.what == "class":  # the root htb qdisc has nothing to change
                         _tc_call(ns, "change", obj, index)
             else:  # the tree's shape changes (e.g. a rate appears on an unshaped link): rebuild it
                 if end.shaping.tc:
-                    ns.tc("del", index=index, handle=end.shaping.tc[0].handle)
+                    ns.tc("del", index=index, handle=end.shaping.tc[0].handle, parent=TC_H_ROOT)
                 for obj in new.tc:
                     _tc_call(ns, "add", obj, index)
 

@@ -1,0 +1,226 @@
+"""Run an experiment cell by cell on the netns fabric and write results/<experiment>/<run>/.
+
+Per cell: re-shape the links live (no rebuild between latency cells), calibrate them (RTT per DC pair),
+read the kernel counters of every inter-DC link end, start the ranks, watch them, read the counters
+again, and write cells/<id>/result.json last and atomically: a cell without it is incomplete, so
+--resume redoes exactly those. The fabric is always torn down, also on Ctrl-C or a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from testbed.atomic import write_text as atomic_write
+from testbed.fabric import cancel
+from testbed.fabric.control import Testbed, bring_up, tear_down
+from testbed.runner.cells import Cell, plan_cells
+from testbed.runner.ranks import RankGroup, rank_layout
+from testbed.spec.experiment import Experiment, load_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("testbed", "torch", "pyroute2", "pydantic", "pandas", "matplotlib"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def manifest(experiment: Experiment, source: Path | None, testbed: Testbed, extra: dict | None = None) -> dict:
+    text = source.read_text() if source else json.dumps(experiment.model_dump(mode="json"))
+    return {
+        "experiment": experiment.name, "experiment_file": str(source) if source else None,
+        "experiment_sha256": hashlib.sha256(text.encode()).hexdigest(), "experiment_text": text,
+        "description": experiment.description, "git_commit": git_commit(), "versions": versions(),
+        "kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": "netns",
+        "shaper": testbed.plan.shaper,
+        "links": {end.key: {**end.shaping.params.describe(), "mechanism": testbed.mechanism(end)}
+                  for end in testbed.plan.link_ends if end.kind == "inter-dc"},
+        "topology": testbed.topology.model_dump(mode="json"), "seed": experiment.workload.seed,
+        "warmup_steps": experiment.workload.warmup_steps, "repetitions": experiment.repetitions,
+        "started": datetime.now(timezone.utc).isoformat(), **(extra or {}),
+    }
+
+
+def calibrate(testbed: Testbed, mode: str) -> list[dict]:
+    """Measured RTT (and goodput with mode 'full') per ordered DC pair, as the cell's links are now."""
+    if mode == "none":
+        return []
+    from testbed.probe.measure import as_records, probe_all
+
+    results = probe_all(testbed.fabric, testbed.plan, testbed.topology, pings=30 if mode == "rtt" else 100,
+                        seconds=0.0 if mode == "rtt" else 2.0, applied=testbed.fabric.delay_applied)
+    keep = ("src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_p50_ms", "rtt_p99_ms", "not_applied")
+    return [{k: r[k] for k in keep + (("goodput_mbps", "goodput_expected_mbps") if mode == "full" else ())}
+            for r in as_records(results)]
+
+
+def inter_dc_counters(testbed: Testbed) -> dict[str, dict[str, int]]:
+    counters = testbed.fabric.counters()
+    return {key: dataclasses.asdict(value) for key, value in counters.items()
+            if testbed.plan.link_end(key).kind == "inter-dc"}
+
+
+def counter_delta(before: dict, after: dict) -> dict[str, dict[str, int]]:
+    return {key: {name: after[key][name] - before[key][name] for name in after[key]} for key in after}
+
+
+def reshape(testbed: Testbed, cell: Cell) -> None:
+    """Bring every inter-DC direction to the cell's parameters with live changes only where they differ."""
+    from testbed.fabric import state as state_store
+
+    for key, params in cell.link_params().items():
+        end = testbed.plan.link_end(key)
+        if end.shaping.params != params:
+            testbed.fabric.shape(key, params)
+            testbed.state.set_override(key, params)
+    state_store.save(testbed.state)
+    _refresh_plan(testbed)
+
+
+def _refresh_plan(testbed: Testbed) -> None:
+    from testbed.plan.network import build_plan
+
+    testbed.plan = build_plan(testbed.topology, testbed.plan.shaper, testbed.plan.prefix,
+                              testbed.state.override_params())
+    testbed.fabric.plan = testbed.plan
+
+
+def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
+             ranks_per_node: int, on_tick: Callable[[Path], None] | None = None) -> dict:
+    """Run one cell; returns its result record (also written to cell_dir/result.json)."""
+    if cell_dir.exists():
+        shutil.rmtree(cell_dir)  # an incomplete earlier attempt
+    metrics_dir, log_dir = cell_dir / "metrics", cell_dir / "logs"
+    metrics_dir.mkdir(parents=True)
+    reshape(testbed, cell)
+    started = time.time()
+    probe = calibrate(testbed, calibration)
+    before = inter_dc_counters(testbed)
+    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir)
+    group = RankGroup(testbed.fabric, specs, argv, log_dir)
+    try:
+        def health() -> str | None:
+            cancel.check()
+            dead = testbed.fabric.dead_delay_lines()
+            return f"delay line died in {', '.join(dead)}" if dead else None
+
+        outcome = group.watch(timeout, on_tick=(lambda: on_tick(metrics_dir)) if on_tick else None, health=health)
+    finally:
+        group.close()
+    after = inter_dc_counters(testbed)
+    result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
+              "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
+              "seconds": outcome.seconds, "started": started, "calibration": probe,
+              "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
+              "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
+              "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after}}
+    atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
+    return result
+
+
+def complete(cell_dir: Path) -> bool:
+    try:
+        return json.loads((cell_dir / "result.json").read_text()).get("status") in ("ok", "failed")
+    except (OSError, ValueError):
+        return False
+
+
+def latest_run(out_root: Path, name: str) -> Path | None:
+    runs = sorted(p for p in (out_root / name).glob("*") if (p / "manifest.json").exists())
+    return runs[-1] if runs else None
+
+
+def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
+                   only: str | None = None, progress: Any = None) -> Path:
+    """Run (or resume) an experiment; returns the run directory. Tears the fabric down whatever happens."""
+    experiment, topology = load_experiment(path)
+    cells = plan_cells(experiment, topology)
+    if only:
+        cells = [c for c in cells if fnmatch.fnmatch(c.id, only) or only in c.id]
+    run_dir = latest_run(out_root, experiment.name) if resume else None
+    if run_dir is None:
+        run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    todo = [c for c in cells if not complete(run_dir / "cells" / c.id)]
+    if progress:
+        progress.start(len(cells), len(cells) - len(todo), run_dir)
+    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=path)
+    try:
+        if not (run_dir / "manifest.json").exists():
+            atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
+        for cell in todo:
+            cancel.check()
+            argv = [sys.executable, "-m", "testbed.workload", *Cell(**dataclasses.asdict(cell)).workload_args()]
+            if progress:
+                progress.cell(cell)
+            result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
+                              experiment.calibrate, experiment.workload.ranks_per_node,
+                              on_tick=(lambda d: progress.tick(d, cell.options["steps"])) if progress else None)
+            if progress:
+                progress.done(cell, result)
+    finally:
+        tear_down(prefix)
+    from testbed.collect.report import build_report
+
+    build_report(run_dir)
+    return run_dir
+
+
+def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
+                ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None) -> Path:
+    """Bring your own workload: run `command` as every rank across the emulated DCs, with the same env,
+    logs, counters and manifest as an experiment (one cell named `command`)."""
+    from testbed.spec.topology import load_topology
+
+    topology = load_topology(topology_path)
+    experiment = Experiment(name=f"command-{topology.name}", topology=str(topology_path),
+                            strategies=[{"name": "flat-dp"}], baseline="none", calibrate="rtt",
+                            cell_timeout=timeout, description=f"user command: {' '.join(command)}")
+    from testbed.runner.cells import base_links
+
+    links = {k: dataclasses.asdict(v) for k, v in base_links(topology).items()}
+    cell = Cell("command", "command", {"steps": 0}, links)
+    run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
+    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=topology_path)
+    try:
+        atomic_write(run_dir / "manifest.json", json.dumps(
+            manifest(experiment, None, testbed, {"command": command}), indent=1))
+        if progress:
+            progress.start(1, 0, run_dir)
+            progress.cell(cell)
+        result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
+        if progress:
+            progress.done(cell, result)
+    finally:
+        tear_down(prefix)
+    return run_dir
+
+

@@ -1,0 +1,133 @@
+"""Start one process per rank inside its node with torchrun's environment plus the TESTBED_* contract;
+watch them: fail fast (which rank, why, its last log lines) when one dies, enforce the cell timeout."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from testbed.fabric.base import FabricError
+from testbed.plan.network import NetworkPlan, Node
+from testbed.spec.topology import Topology
+
+LOG_TAIL = 12
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    node: Node
+    local_rank: int
+    env: dict[str, str]
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    reason: str = ""
+    failed_rank: int | None = None
+    log_tail: list[str] | None = None
+    seconds: float = 0.0
+
+
+def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metrics_dir: Path,
+                extra_env: dict[str, str] | None = None, master_port: int | None = None) -> list[RankSpec]:
+    """Ranks numbered DC by DC, node by node; every DC must hold the same number of nodes."""
+    sizes = {dc.nodes for dc in topology.dcs}
+    if len(sizes) != 1:
+        raise FabricError("runs need the same number of nodes in every DC (TESTBED_NODES_PER_DC is one number); "
+                          f"got {', '.join(f'{dc.name}={dc.nodes}' for dc in topology.dcs)}")
+    nodes_per_dc = sizes.pop()
+    world = len(plan.nodes) * ranks_per_node
+    port = master_port or random.randint(20000, 40000)
+    rtts = [2 * end.shaping.params.latency for end in plan.link_ends if end.kind == "inter-dc"]
+    specs: list[RankSpec] = []
+    for node in plan.nodes:  # plan order: DC by DC, node by node
+        for local in range(ranks_per_node):
+            rank = len(specs)
+            env = {
+                "MASTER_ADDR": plan.nodes[0].address, "MASTER_PORT": str(port), "RANK": str(rank),
+                "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ranks_per_node),
+                "GROUP_RANK": str(rank // ranks_per_node), "TESTBED_DC": str(node.dc_index),
+                "TESTBED_NUM_DCS": str(len(topology.dcs)), "TESTBED_NODES_PER_DC": str(nodes_per_dc * ranks_per_node),
+                "TESTBED_NODE": node.name, "TESTBED_METRICS_DIR": str(metrics_dir),
+                "TESTBED_LINK_RTT_MS": f"{max(rtts, default=0.0) * 1e3:.3f}",
+                "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                **(extra_env or {}),
+            }
+            specs.append(RankSpec(rank, node, local, env))
+    return specs
+
+
+class RankGroup:
+    """The processes of one cell; always reaped (killed if needed) on close()."""
+
+    def __init__(self, fabric, specs: list[RankSpec], argv: list[str], log_dir: Path) -> None:
+        self.specs = specs
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self._logs = []
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("TESTBED_", "MASTER_", "RANK", "WORLD_"))}
+        try:
+            for spec in specs:
+                log = open(log_dir / f"rank{spec.rank}.log", "wb")
+                self._logs.append(log)
+                self.procs.append(fabric.popen(spec.node.name, argv, env={**base, **spec.env}, stdout=log,
+                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               start_new_session=True))
+        except BaseException:
+            self.close()
+            raise
+
+    def tail(self, rank: int, lines: int = LOG_TAIL) -> list[str]:
+        try:
+            return (self.log_dir / f"rank{rank}.log").read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return []
+
+    def watch(self, timeout: float, on_tick: Callable[[], None] | None = None,
+              health: Callable[[], str | None] | None = None) -> Outcome:
+        """Until every rank exits 0 (ok), one exits non-zero, health() names a problem, or time runs out."""
+        start = time.monotonic()
+        while True:
+            codes = [proc.poll() for proc in self.procs]
+            for spec, code in zip(self.specs, codes):
+                if code not in (None, 0):
+                    why = f"signal {-code}" if code < 0 else f"exit code {code}"
+                    return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
+                                   self.tail(spec.rank), time.monotonic() - start)
+            if all(code == 0 for code in codes):
+                return Outcome(True, seconds=time.monotonic() - start)
+            problem = health() if health else None
+            if problem:
+                return Outcome(False, problem, None, None, time.monotonic() - start)
+            if time.monotonic() - start > timeout:
+                waiting = [s.rank for s, c in zip(self.specs, codes) if c is None]
+                return Outcome(False, f"timed out after {timeout:.0f}s (ranks still running: {waiting})",
+                               waiting[0] if waiting else None, self.tail(waiting[0]) if waiting else None,
+                               time.monotonic() - start)
+            if on_tick:
+                on_tick()
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for log in self._logs:
+            log.close()
