@@ -1,7 +1,6 @@
 """The CLI as a user drives it: errors, dry runs, exec, shape, Ctrl-C and SIGKILL during up, clean."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -12,7 +12,7 @@ import pytest
 from testbed.fabric import delayline
 from testbed.fabric.control import attach, bring_up
 from testbed.fabric.kernel import netem_support
-from testbed.probe.measure import _Server, _run_agent, probe_pair
+from testbed.probe.measure import _Server, _run_agent
 from testbed.spec.topology import topology_from_data
 
 from ..conftest import TOPOLOGIES, namespaces_with, run_cli

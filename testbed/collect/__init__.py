@@ -1,0 +1,1 @@
+"""Collectors: rank metrics and kernel counters into tables, plots and reports."""

@@ -1,0 +1,28 @@
+"""Two runs side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.collect.frames import aggregate, load_results, load_steps, summarise
+
+
+def _points(run_dir: Path) -> pd.DataFrame:
+    import json
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return aggregate(summarise(load_results(run_dir), load_steps(run_dir), manifest.get("warmup_steps", 0)))
+
+
+def compare_runs(first: Path, second: Path) -> pd.DataFrame:
+    a, b = _points(first), _points(second)
+    if a.empty or b.empty:
+        return pd.DataFrame()
+    keys = [c for c in a.columns if c in b.columns and (c in ("strategy", "baseline") or c.startswith(("links[", "workload.")))]
+    metrics = [c for c in ("tokens_per_s", "scaling_efficiency", "inter_dc_gb_per_step") if c in a and c in b]
+    merged = a[keys + metrics].merge(b[keys + metrics], on=keys, suffixes=(" A", " B"))
+    for metric in metrics:
+        merged[f"{metric} B/A"] = merged[f"{metric} B"] / merged[f"{metric} A"]
+    return merged

@@ -1,0 +1,126 @@
+"""Rank JSON lines and cell results into pandas; the derived figures of every cell.
+
+Per cell (steps after the warm-up only):
+- step_s: the slowest rank's wall time of a step (median and p90); tokens_per_s: global tokens per step
+  over the median step time;
+- scaling_efficiency: tokens_per_s over the matching baseline cell's (same strategy and workload sweep
+  values, every inter-DC link unshaped);
+- exposed_comm_share: mean over ranks and steps of exposed communication / step time;
+- bubble_ratio (pipeline): mean of bubble / pipeline time;
+- inter_dc_gb_per_step: bytes the kernel counted leaving every inter-DC link end during the cell, over
+  all its steps (start-up traffic included, so a slight over-estimate), beside the workload's own
+  ring-model estimate (wire_inter) and its payload count (bytes_inter);
+- final_loss and the loss curve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def load_results(run_dir: Path) -> list[dict]:
+    results = []
+    for path in sorted((run_dir / "cells").glob("*/result.json")):
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+def load_steps(run_dir: Path) -> pd.DataFrame:
+    rows = []
+    for cell_dir in sorted((run_dir / "cells").glob("*")):
+        if not (cell_dir / "result.json").exists():
+            continue
+        for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a crash
+                if record.get("event") == "step":
+                    record["cell"] = cell_dir.name
+                    rows.append(record)
+    frame = pd.DataFrame(rows)
+    return frame
+
+
+def _sweep_columns(results: list[dict]) -> list[str]:
+    keys: list[str] = []
+    for result in results:
+        for key in result["cell"]["sweep"]:
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """One row per cell with the derived figures (see module docstring)."""
+    sweep_keys = _sweep_columns(results)
+    rows = []
+    for result in results:
+        cell = result["cell"]
+        row = {"cell": cell["id"], "strategy": cell["strategy"], "baseline": cell["baseline"],
+               "repetition": cell["repetition"], "status": result["status"], "reason": result["reason"]}
+        for key in sweep_keys:
+            row[key] = cell["sweep"].get(key, "baseline" if cell["baseline"] else None)
+        link_bytes = result.get("link_bytes", {})
+        row["inter_dc_bytes_kernel"] = sum(v["tx_bytes"] for v in link_bytes.values())
+        for key, value in link_bytes.items():
+            row[f"bytes[{key}]"] = value["tx_bytes"]
+        mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps
+        if result["status"] == "ok" and not mine.empty:
+            total_steps = int(mine["step"].max()) + 1
+            measured = mine[mine["step"] >= warmup]
+            per_step = measured.groupby("step").agg(wall=("wall_s", "max"), tokens=("tokens", "sum"),
+                                                    wire=("wire_inter", "sum"), payload=("bytes_inter", "sum"))
+            step_s = float(per_step["wall"].median())
+            row.update({
+                "steps": total_steps, "step_s_median": step_s, "step_s_p90": float(per_step["wall"].quantile(0.9)),
+                "tokens_per_s": float(per_step["tokens"].median()) / step_s,
+                "exposed_comm_share": float((measured["exposed_s"] / measured["wall_s"]).mean()),
+                "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
+                "workload_wire_inter_gb_per_step": float(per_step["wire"].mean()) / 1e9,
+                "workload_payload_inter_gb_per_step": float(per_step["payload"].mean()) / 1e9,
+            })
+            if "pipeline_s" in measured and measured["pipeline_s"].notna().any():
+                pp = measured.dropna(subset=["pipeline_s"])
+                row["bubble_ratio"] = float(pp["bubble_s"].sum() / pp["pipeline_s"].sum())
+            losses = mine.dropna(subset=["loss"]) if "loss" in mine else mine.iloc[0:0]
+            if not losses.empty:
+                last = losses[losses["step"] == losses["step"].max()]
+                row["final_loss"] = float(last["loss"].mean())
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    workload_keys = [k for k in sweep_keys if k.startswith("workload.")]
+    if "tokens_per_s" in frame:
+        base = frame[frame["baseline"] & (frame["status"] == "ok")]
+        base = base.groupby(["strategy", *workload_keys], dropna=False)["tokens_per_s"].median()
+        def efficiency(row: pd.Series) -> float | None:
+            key = tuple([row["strategy"], *[row[k] for k in workload_keys]])
+            key = key if len(key) > 1 else key[0]
+            try:
+                return row["tokens_per_s"] / base.loc[key]
+            except (KeyError, TypeError):
+                return None
+        frame["scaling_efficiency"] = frame.apply(efficiency, axis=1)
+    return frame
+
+
+def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
+    """Median over repetitions, one row per (strategy, sweep point)."""
+    if summary.empty or "tokens_per_s" not in summary:
+        return summary
+    keys = ["strategy", "baseline"] + [c for c in summary.columns if c.startswith(("links[", "workload."))]
+    numeric = [c for c in ("tokens_per_s", "scaling_efficiency", "step_s_median", "step_s_p90", "exposed_comm_share",
+                           "bubble_ratio", "inter_dc_gb_per_step", "workload_wire_inter_gb_per_step",
+                           "workload_payload_inter_gb_per_step", "final_loss") if c in summary]
+    ok = summary[summary["status"] == "ok"].copy()
+    for key in keys:
+        ok[key] = ok[key].astype(str)
+    grouped = ok.groupby(keys, sort=False)[numeric].median().reset_index()
+    grouped["repetitions"] = ok.groupby(keys, sort=False).size().values
+    return grouped

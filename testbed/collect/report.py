@@ -1,0 +1,246 @@
+"""Tables, plots and the report of a run directory; threshold checks for nightly CI."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.collect.frames import aggregate, load_results, load_steps, summarise
+
+EFFICIENCY_FLOOR = 0.9
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _primary(agg: pd.DataFrame) -> str | None:
+    keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
+    return keys[0] if keys else None
+
+
+def _order(values: list[str], manifest: dict) -> list[str]:
+    """Sweep values in the order the experiment file lists them (baseline first)."""
+    return sorted(values, key=lambda v: (v != "baseline", values.index(v)))
+
+
+def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[str, str]]:
+    plt = _plt()
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    made: list[tuple[str, str]] = []
+    if agg.empty or "tokens_per_s" not in agg:
+        return made
+    key = _primary(agg)
+    metric = "scaling_efficiency" if "scaling_efficiency" in agg and agg["scaling_efficiency"].notna().any() else "tokens_per_s"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    shaped = agg[agg["baseline"] == "False"]
+    for strategy, group in shaped.groupby("strategy", sort=False):
+        x = group[key].tolist() if key else [strategy]
+        ax.plot(x, group[metric].tolist(), marker="o", label=strategy)
+    if metric == "scaling_efficiency":
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(EFFICIENCY_FLOOR, color="grey", lw=0.8, ls="--")
+    ax.set(xlabel=key or "strategy", ylabel=metric.replace("_", " "), title=f"{metric.replace('_', ' ')} per strategy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "efficiency.png", dpi=100)
+    plt.close(fig)
+    made.append(("plots/efficiency.png", f"{metric.replace('_', ' ')} vs {key or 'strategy'}"))
+
+    ok = summary[(summary["status"] == "ok") & ~summary["baseline"]]
+    if not ok.empty and "inter_dc_gb_per_step" in ok:
+        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ok)), 4))
+        labels = ok["cell"].str.replace("__r0", "", regex=False).tolist()
+        ax.bar(range(len(ok)), ok["inter_dc_gb_per_step"] * 1e3, label="kernel counters (all inter-DC link ends)")
+        ax.plot(range(len(ok)), ok["workload_wire_inter_gb_per_step"] * 1e3, "k_", markersize=18, mew=2,
+                label="workload's ring-model estimate")
+        ax.set_xticks(range(len(ok)), labels, rotation=35, ha="right", fontsize=7)
+        ax.set(ylabel="MB per step", title="bytes across DCs per training step")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "inter_dc_bytes.png", dpi=100)
+        plt.close(fig)
+        made.append(("plots/inter_dc_bytes.png", "inter-DC bytes per step"))
+
+    if "bubble_ratio" in summary and summary["bubble_ratio"].notna().any():
+        pp = summary.dropna(subset=["bubble_ratio"])
+        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(pp)), 4))
+        ax.bar(range(len(pp)), pp["bubble_ratio"])
+        ax.set_xticks(range(len(pp)), pp["cell"].str.replace("__r0", "", regex=False), rotation=35, ha="right",
+                      fontsize=7)
+        ax.set(ylabel="bubble / pipeline time", title="pipeline bubble ratio")
+        fig.tight_layout()
+        fig.savefig(out / "bubble.png", dpi=100)
+        plt.close(fig)
+        made.append(("plots/bubble.png", "pipeline bubble ratio"))
+
+    if not steps.empty and "loss" in steps and steps["loss"].notna().any():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for cell, group in steps.dropna(subset=["loss"]).groupby("cell", sort=False):
+            per_step = group.groupby("step").agg(wall=("wall_s", "max"), loss=("loss", "mean"))
+            ax.plot(per_step["wall"].cumsum(), per_step["loss"], label=cell.replace("__r0", ""), lw=1)
+        ax.set(xlabel="wall time (s)", ylabel="training loss", title="loss vs wall time")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "loss.png", dpi=100)
+        plt.close(fig)
+        made.append(("plots/loss.png", "loss vs wall time"))
+    return made
+
+
+def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
+    """A short automatic reading: best strategy per sweep point, cells under 90 %, failures."""
+    lines: list[str] = []
+    failed = summary[summary["status"] != "ok"] if not summary.empty else summary
+    for _, row in failed.iterrows():
+        lines.append(f"Cell `{row['cell']}` FAILED: {row['reason']}")
+    if agg.empty or "tokens_per_s" not in agg:
+        return lines or ["No cell completed."]
+    key = _primary(agg)
+    shaped = agg[agg["baseline"] == "False"]
+    for point, group in (shaped.groupby(key, sort=False) if key else [("all", shaped)]):
+        best = group.sort_values("tokens_per_s", ascending=False).iloc[0]
+        text = f"At {key} = {point}: best is **{best['strategy']}** ({best['tokens_per_s']:.0f} tokens/s"
+        if "scaling_efficiency" in best and pd.notna(best["scaling_efficiency"]):
+            text += f", {best['scaling_efficiency']:.0%} of its single-site throughput"
+        lines.append(text + ").")
+    if "scaling_efficiency" in shaped:
+        low = shaped[shaped["scaling_efficiency"] < EFFICIENCY_FLOOR]
+        for _, row in low.iterrows():
+            where = f" at {key} = {row[key]}" if key else ""
+            lines.append(f"{row['strategy']} falls below {EFFICIENCY_FLOOR:.0%}{where}: "
+                         f"{row['scaling_efficiency']:.0%} (exposed communication {row['exposed_comm_share']:.0%} "
+                         "of the step).")
+    return lines
+
+
+def check_thresholds(manifest: dict, agg: pd.DataFrame) -> list[dict]:
+    """Evaluate the experiment's thresholds against the aggregated cells."""
+    from testbed.spec.experiment import Experiment
+    import yaml
+
+    experiment = Experiment.model_validate(yaml.safe_load(manifest["experiment_text"]))
+    results = []
+    for threshold in experiment.thresholds:
+        rows = agg[agg["baseline"] == "False"] if not agg.empty else agg
+        for key, value in threshold.where.items():
+            column = key if key in rows.columns else next((c for c in rows.columns if c.endswith("." + key)), None)
+            rows = rows[rows[column] == str(value)] if column else rows.iloc[0:0]
+        mine = rows[rows["strategy"] == threshold.strategy] if threshold.strategy else rows
+        if mine.empty or threshold.metric not in mine:
+            results.append({"threshold": threshold.model_dump(), "value": None, "passed": False,
+                            "why": "no completed cell matches"})
+            continue
+        value = float(mine[threshold.metric].median())
+        if threshold.than:
+            other = rows[rows["strategy"] == threshold.than]
+            if other.empty:
+                results.append({"threshold": threshold.model_dump(), "value": None, "passed": False,
+                                "why": f"no completed cell of {threshold.than} matches"})
+                continue
+            value = value / float(other[threshold.metric].median())
+        passed = (threshold.min is None or value >= threshold.min) and (threshold.max is None or value <= threshold.max)
+        results.append({"threshold": threshold.model_dump(), "value": value, "passed": passed, "why": ""})
+    return results
+
+
+def _describe_threshold(t: dict) -> str:
+    subject = f"{t['metric']} of {t['strategy'] or 'every strategy'}"
+    if t.get("than"):
+        subject += f" / {t['than']}"
+    where = ", ".join(f"{k}={v}" for k, v in t["where"].items())
+    bound = " and ".join(x for x in (f">= {t['min']}" if t["min"] is not None else "",
+                                     f"<= {t['max']}" if t["max"] is not None else "") if x)
+    return f"{subject}{' at ' + where if where else ''} {bound}"
+
+
+def _check_line(check: dict) -> str:
+    verdict = "PASS" if check["passed"] else "FAIL"
+    value = "n/a" if check["value"] is None else f"{check['value']:.3g}"
+    claim = check["threshold"].get("claim")
+    why = f" ({check['why']})" if check["why"] else ""
+    return f"{verdict}: {(claim + ' — ') if claim else ''}{_describe_threshold(check['threshold'])}: measured {value}{why}"
+
+
+def build_report(run_dir: Path) -> Path:
+    """Write steps.csv, summary.csv, summary_by_point.csv, thresholds.json, plots/, report.md, report.html."""
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    results = load_results(run_dir)
+    steps = load_steps(run_dir)
+    summary = summarise(results, steps, manifest.get("warmup_steps", 0))
+    agg = aggregate(summary)
+    steps.to_csv(run_dir / "steps.csv", index=False)
+    summary.to_csv(run_dir / "summary.csv", index=False)
+    agg.to_csv(run_dir / "summary_by_point.csv", index=False)
+    checks = check_thresholds(manifest, agg) if manifest.get("experiment_text") else []
+    (run_dir / "thresholds.json").write_text(json.dumps(checks, indent=1))
+    images = plots(run_dir, summary, agg, steps)
+    notes = reading(summary, agg)
+    calibration = []
+    for result in results:
+        for row in result.get("calibration", []):
+            calibration.append({"cell": result["cell"]["id"], **row})
+    cal = pd.DataFrame(calibration)
+    table_cols = [c for c in ("strategy", *[c for c in agg.columns if c.startswith(("links[", "workload."))],
+                              "tokens_per_s", "scaling_efficiency", "step_s_median", "exposed_comm_share",
+                              "bubble_ratio", "inter_dc_gb_per_step", "workload_payload_inter_gb_per_step",
+                              "final_loss", "repetitions") if c in agg.columns]
+    main_table = agg[table_cols] if not agg.empty else agg
+    links = pd.DataFrame([{"link": k, **v} for k, v in manifest.get("links", {}).items()])
+    md = [f"# {manifest['experiment']}", "", manifest.get("description", "").strip(), "",
+          f"- run: `{run_dir}`", f"- git commit: `{manifest.get('git_commit')}`, kernel `{manifest.get('kernel')}`, "
+          f"{manifest.get('host_cpus')} CPUs, shaper **{manifest.get('shaper')}**",
+          f"- versions: {', '.join(f'{k} {v}' for k, v in manifest.get('versions', {}).items())}",
+          f"- warm-up steps excluded from figures: {manifest.get('warmup_steps')}; repetitions: "
+          f"{manifest.get('repetitions')}; seed {manifest.get('seed')}", "", "## Reading", "",
+          *[f"- {line}" for line in notes], ""]
+    if checks:
+        md += ["## Claims and thresholds", "", *[f"- {_check_line(check)}" for check in checks], ""]
+    md += ["## Results (median over repetitions)", "",
+           main_table.to_markdown(index=False, floatfmt=".3g") if not main_table.empty else "(none)", ""]
+    md += [f"![{title}]({path})" for path, title in images] + [""]
+    md += ["## Links as the topology sets them (cells apply their sweep values; see the calibration)", "",
+           links.to_markdown(index=False) if not links.empty else "(none)", ""]
+    if not cal.empty:
+        md += ["## Link calibration per cell", "", cal.to_markdown(index=False, floatfmt=".3f"), ""]
+    (run_dir / "report.md").write_text("\n".join(md))
+    (run_dir / "report.html").write_text(_html(manifest, run_dir, notes, checks, main_table, images, links, cal))
+    return run_dir / "report.html"
+
+
+def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], table: pd.DataFrame,
+          images: list[tuple[str, str]], links: pd.DataFrame, cal: pd.DataFrame) -> str:
+    esc = html.escape
+
+    def md_bold(text: str) -> str:
+        parts = esc(text).split("**")
+        return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)).replace("`", "")
+
+    check_items = "".join(f"<li class={'pass' if c['passed'] else 'fail'}>{esc(_check_line(c))}</li>" for c in checks)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(manifest['experiment'])}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}table{{border-collapse:collapse;
+font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}
+img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail{{color:#a00}}</style></head><body>
+<h1>{esc(manifest['experiment'])}</h1><p>{esc(manifest.get('description', ''))}</p>
+<p>shaper <b>{esc(str(manifest.get('shaper')))}</b>, kernel {esc(str(manifest.get('kernel')))},
+{manifest.get('host_cpus')} CPUs, commit <code>{esc(str(manifest.get('git_commit')))}</code></p>
+<h2>Reading</h2><ul>{''.join(f'<li>{md_bold(n)}</li>' for n in notes)}</ul>
+{'<h2>Claims and thresholds</h2><ul>' + check_items + '</ul>' if checks else ''}
+<h2>Results (median over repetitions)</h2>{table.to_html(index=False, float_format=lambda v: f'{v:.3g}')}
+{''.join(f'<h3>{esc(t)}</h3><img src="{esc(p)}" alt="{esc(t)}">' for p, t in images)}
+<h2>Links as the topology sets them (cells apply their sweep values; see the calibration)</h2>
+{links.to_html(index=False)}
+{'<h2>Link calibration per cell</h2>' + cal.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not cal.empty else ''}
+</body></html>"""

@@ -1,0 +1,172 @@
+"""`testbed run` end to end on the netns fabric (root): report, check, compare, a rank killed mid-cell,
+--resume after the runner is SIGKILLed, and a user's own torchrun-style command."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyroute2 import netns
+
+from ..conftest import ROOT, namespaces_with, run_cli
+
+pytestmark = pytest.mark.root
+
+TOPOLOGY = """  name: pair
+  dcs: [{name: east, nodes: 1}, {name: west, nodes: 1}]
+  links: [{between: [east, west], latency: 2ms, bandwidth: 1gbit}]
+"""
+
+
+def experiment(tmp: Path, *, steps: int = 4, strategies: str = "[flat-dp, hier-dp]", sweep: str = "[1ms, 5ms]",
+               baseline: str = "auto", extra: str = "") -> Path:
+    path = tmp / "exp.yaml"
+    path.write_text(f"name: tiny\ntopology:\n{TOPOLOGY}workload: {{steps: {steps}, warmup_steps: 1, micro_batch: 2, "
+                    f"micro_batches: 1}}\nstrategies: {strategies}\nsweep:\n  links[east,west].latency: {sweep}\n"
+                    f"baseline: {baseline}\ncalibrate: none\ncell_timeout: 120\n{extra}")
+    return path
+
+
+def start_run(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def run_dir_of(out: Path) -> Path:
+    runs = [p for p in (out / "tiny").glob("*") if (p / "manifest.json").exists()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_run_writes_results_report_and_gates(prefix, tmp_path):
+    extra = ("thresholds:\n  - {metric: tokens_per_s, strategy: flat-dp, where: {latency: 1ms}, min: 1}\n"
+             "  - {metric: tokens_per_s, strategy: flat-dp, where: {latency: 5ms}, max: 1, claim: impossible}\n")
+    proc = run_cli("run", str(experiment(tmp_path, extra=extra)), "--out", str(tmp_path / "out"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path / "out")
+    assert f"report: {run_dir / 'report.html'}" in proc.stdout.replace("\n", "")
+    assert namespaces_with(prefix) == []
+    rows = list(csv.DictReader(open(run_dir / "summary.csv")))
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    for row in rows:
+        assert float(row["inter_dc_bytes_kernel"]) > 0 and float(row["tokens_per_s"]) > 0
+        assert float(row["scaling_efficiency"]) > 0
+    baseline = [r for r in rows if r["baseline"] == "True"]
+    assert {r["strategy"] for r in baseline} == {"flat-dp", "hier-dp"}
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["shaper"] in ("netem", "userspace-delay") and manifest["links"]["east->west"]["mechanism"]
+    assert manifest["versions"]["torch"].startswith("2.") and manifest["experiment_sha256"]
+    html = (run_dir / "report.html").read_text()
+    assert '<img src="plots/efficiency.png"' in html and (run_dir / "plots" / "efficiency.png").stat().st_size > 5000
+    assert "best is" in (run_dir / "report.md").read_text()
+    check = run_cli("check", str(run_dir))
+    assert check.returncode == 1
+    assert "PASS:" in check.stdout and "FAIL: impossible" in check.stdout
+    (run_dir / "report.html").unlink()
+    assert run_cli("report", str(run_dir)).returncode == 0 and (run_dir / "report.html").exists()
+    compare = run_cli("compare", str(run_dir), str(run_dir), check=True)
+    assert "tokens_per_s B/A" in compare.stdout and "| 1 " in compare.stdout
+
+
+def _workload_pids(namespace: str) -> list[int]:
+    pids = []
+    for pid in netns.ns_pids().get(namespace, []):
+        try:
+            if b"testbed.workload" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+def test_a_killed_rank_fails_its_cell_and_the_rest_completes(prefix, tmp_path):
+    path = experiment(tmp_path, steps=250, strategies="[flat-dp]", sweep="[1ms, 2ms]", baseline="none")
+    path.write_text(path.read_text().replace("cell_timeout: 120", "cell_timeout: 40"))
+    proc = start_run(str(path), "--out", str(tmp_path / "out"))
+    try:
+        deadline = time.monotonic() + 120
+        victim = []
+        while not victim:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+            metrics = list((tmp_path / "out").glob("tiny/*/cells/*1ms*/metrics/rank1.jsonl"))
+            if metrics and metrics[0].read_text().count("\n") >= 3:
+                victim = _workload_pids(f"{prefix}west-0")
+            time.sleep(0.05)
+        os.kill(victim[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    run_dir = run_dir_of(tmp_path / "out")
+    results = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "cells").glob("*/result.json")}
+    killed = [r for name, r in results.items() if "1ms" in name][0]
+    assert killed["status"] == "failed" and killed["failed_rank"] == 1
+    assert "rank 1 on west-0 died (signal 9)" in killed["reason"]
+    assert killed["seconds"] < 40  # failed fast, not at the timeout
+    assert [r["status"] for name, r in results.items() if "2ms" in name] == ["ok"]
+    assert "FAILED: rank 1 on west-0 died" in (run_dir / "report.md").read_text()
+    assert namespaces_with(prefix) == []
+    assert not _workload_pids(f"{prefix}east-0")
+
+
+def test_resume_after_the_runner_is_killed(prefix, tmp_path):
+    path = experiment(tmp_path, steps=6, baseline="none")
+    proc = start_run(str(path), "--out", str(tmp_path / "out"))
+    try:
+        deadline = time.monotonic() + 180
+        while not list((tmp_path / "out").glob("tiny/*/cells/*/result.json")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.kill()  # SIGKILL: no teardown, no report
+        proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_dir = run_dir_of(tmp_path / "out")
+    first = {p.parent.name: json.loads(p.read_text())["started"] for p in (run_dir / "cells").glob("*/result.json")}
+    assert 1 <= len(first) < 4
+    resumed = run_cli("run", str(path), "--out", str(tmp_path / "out"), "--resume", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert run_dir_of(tmp_path / "out") == run_dir
+    after = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "cells").glob("*/result.json")}
+    assert len(after) == 4 and all(r["status"] == "ok" for r in after.values())
+    for name, started in first.items():
+        assert after[name]["started"] == started, f"{name} was redone"
+    assert namespaces_with(prefix) == []
+
+
+USER_SCRIPT = """
+import json, os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1 << 18) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+out = os.path.join(os.environ["TESTBED_METRICS_DIR"], f"user{dist.get_rank()}.json")
+json.dump({"sum": float(t[0]), "dc": os.environ["TESTBED_DC"], "node": os.environ["TESTBED_NODE"],
+           "world": dist.get_world_size(), "dcs": os.environ["TESTBED_NUM_DCS"]}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_bring_your_own_torchrun_script(prefix, tmp_path):
+    script = tmp_path / "my_train.py"
+    script.write_text(USER_SCRIPT)
+    proc = run_cli("run", "--topology", str(ROOT / "topologies" / "two-dc.yaml"), "--out", str(tmp_path / "out"),
+                   "--", sys.executable, str(script), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next((tmp_path / "out").glob("command-two-dc/*"))
+    result = json.loads((run_dir / "cells" / "command" / "result.json").read_text())
+    assert result["status"] == "ok" and result["world"] == 4
+    assert sum(v["tx_bytes"] for v in result["link_bytes"].values()) > (1 << 20)  # 1 MB tensor crossed DCs
+    outputs = [json.loads((run_dir / "cells" / "command" / "metrics" / f"user{r}.json").read_text()) for r in range(4)]
+    assert [o["dc"] for o in outputs] == ["0", "0", "1", "1"] and all(o["sum"] == 10.0 for o in outputs)
+    assert [o["node"] for o in outputs] == ["east-0", "east-1", "west-0", "west-1"]
+    assert json.loads((run_dir / "manifest.json").read_text())["command"][-1] == str(script)
+    assert namespaces_with(prefix) == []
