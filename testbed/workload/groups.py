@@ -15,6 +15,7 @@ from testbed.workload.layout import Layout
 class Groups:
     layout: Layout
     intra: dist.ProcessGroup
+    intra_gather: dist.ProcessGroup  # a second intra-DC group, for a second communication thread
     inter: dist.ProcessGroup
     lanes: list[dist.ProcessGroup]  # inter-DC groups (lanes[0] is `inter`)
     intra_ranks: list[int]
@@ -31,18 +32,19 @@ def backend() -> str:
 
 def build_groups(layout: Layout, lanes: int = 1) -> Groups:
     """Every rank creates every group in the same order (a torch.distributed requirement)."""
-    intra = inter = None
+    intra = intra_gather = inter = None
     lane_groups: list[dist.ProcessGroup] = []
     for dc in range(layout.num_dcs):
         group = dist.new_group(layout.dc_ranks(dc))
+        second = dist.new_group(layout.dc_ranks(dc))
         if dc == layout.dc:
-            intra = group
+            intra, intra_gather = group, second
     for lane in range(max(1, lanes)):
         for index in range(layout.nodes_per_dc):
             group = dist.new_group(layout.peers_across_dcs(index))
             if index == layout.index_in_dc:
                 lane_groups.append(group)
     inter = lane_groups[0]
-    assert intra is not None and inter is not None
-    return Groups(layout, intra, inter, lane_groups, layout.dc_ranks(layout.dc),
+    assert intra is not None and intra_gather is not None and inter is not None
+    return Groups(layout, intra, intra_gather, inter, lane_groups, layout.dc_ranks(layout.dc),
                   layout.peers_across_dcs(layout.index_in_dc))

@@ -4,10 +4,13 @@
 - hier-dp: as Megatron-Core's partial distributed optimizer moves gradients: reduce-scatter inside the
   DC, all-reduce of only the local shard across DCs, all-gather inside the DC. Cross-DC payload per rank
   falls by the number of nodes per DC.
-- hier-dp-overlap: the same per gradient bucket, launched from a communication thread as soon as a
-  bucket's gradients are final (during backward), with each bucket's inter-DC shard cut into chunks that
-  are all in flight at once over several inter-DC process groups ("lanes"): gloo over a long link is
-  app-limited, so one stream at a time cannot fill it (NeMo's chunked inter-DC communication).
+- hier-dp-overlap: the same per gradient bucket, started as soon as a bucket's gradients are final
+  (during backward), with each bucket's inter-DC shard cut into chunks that are all in flight at once over
+  several inter-DC process groups ("lanes"): gloo over a long link is app-limited, so one stream at a time
+  cannot fill it (NeMo's chunked inter-DC communication). Two threads form a pipeline so that several
+  buckets' round trips overlap: one reduce-scatters a bucket and launches its cross-DC chunks, the other
+  waits for them and all-gathers on a second intra-DC group. Each process group is driven by one thread
+  only, so every rank issues its collectives in the same order.
 Compression (fp16/bf16/int8) applies to the inter-DC step (to the whole all-reduce for flat-dp).
 """
 
@@ -151,9 +154,11 @@ class HierDPOverlap(DataParallel):
         self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
         self._pending: list[int] = [0] * len(self.buckets)
         self._armed = False
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()  # bucket indexes, from backward to the launch thread
+        self._launched: queue.Queue = queue.Queue()  # (bucket, chunks, works), to the gather thread
         self._error: list[BaseException] = []
-        threading.Thread(target=self._communicate, daemon=True).start()
+        threading.Thread(target=self._launch_loop, daemon=True).start()
+        threading.Thread(target=self._gather_loop, daemon=True).start()
         for param in self.params:
             param.register_post_accumulate_grad_hook(self._grad_ready)
 
@@ -182,39 +187,52 @@ class HierDPOverlap(DataParallel):
             sleep_until(deadline)
             self._queue.put(b)
 
-    # communication thread ----------------------------------------------------------------------------
-    def _communicate(self) -> None:
+    # communication threads ---------------------------------------------------------------------------
+    def _launch_loop(self) -> None:
         while True:
             b = self._queue.get()
             try:
-                self._sync_bucket(b)
+                self._launch(b)
             except BaseException as error:  # surfaced in the training thread
                 self._error.append(error)
             finally:
                 self._queue.task_done()
 
-    def _sync_bucket(self, b: int) -> None:
+    def _launch(self, b: int) -> None:
+        """Reduce-scatter bucket b in the DC and start every cross-DC chunk of its shard."""
         groups, comm, opts = self.ctx.groups, self.ctx.comm, self.ctx.opts
-        bucket = self.buckets[b]
         chunks = max(1, opts.chunks)
-        n = self.ctx.layout.nodes_per_dc
-        flat = self.flat_gradients(bucket, multiple=n * chunks)
+        flat = self.flat_gradients(self.buckets[b], multiple=self.ctx.layout.nodes_per_dc * chunks)
         shard = comm.reduce_scatter(flat, groups.intra, groups.intra_ranks)
         pieces = list(shard.chunk(chunks))
-        with self.ctx.meter.timed("comm_s"):
-            if self.codec.name == "none":
-                works = [comm.all_reduce_async(piece, groups.lanes[i % len(groups.lanes)], groups.inter_ranks)
-                         for i, piece in enumerate(pieces)]
+        lanes = groups.lanes
+        if self.codec.name == "none":
+            works = [comm.all_reduce_async(piece, lanes[(b * chunks + i) % len(lanes)], groups.inter_ranks)
+                     for i, piece in enumerate(pieces)]
+        else:
+            pieces = [comm.compressed_all_reduce(piece, lanes[(b * chunks + i) % len(lanes)], groups.inter_ranks,
+                                                 self.codec, f"{b}.{i}") for i, piece in enumerate(pieces)]
+            works = []
+        self._launched.put((b, pieces, works, time.perf_counter()))
+
+    def _gather_loop(self) -> None:
+        while True:
+            b, pieces, works, started = self._launched.get()
+            try:
                 for work in works:
                     if work is not None:
                         work.wait()
-            else:
-                pieces = [comm.compressed_all_reduce(piece, groups.lanes[i % len(groups.lanes)], groups.inter_ranks,
-                                                     self.codec, f"{b}.{i}") for i, piece in enumerate(pieces)]
-        full = comm.all_gather(torch.cat(pieces), groups.intra, groups.intra_ranks)
-        self.write_gradients(bucket, full)
+                self.ctx.meter.add("comm_s", time.perf_counter() - started)
+                groups = self.ctx.groups
+                full = self.ctx.comm.all_gather(torch.cat(pieces), groups.intra_gather, groups.intra_ranks)
+                self.write_gradients(self.buckets[b], full)
+            except BaseException as error:
+                self._error.append(error)
+            finally:
+                self._launched.task_done()
 
     def sync(self) -> None:
         self._queue.join()  # the exposed part: what backward did not hide
+        self._launched.join()
         if self._error:
             raise RuntimeError(f"gradient communication failed: {self._error[0]}") from self._error[0]
