@@ -111,7 +111,8 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
     shaped = agg[agg["baseline"] == "False"]
     for point, group in (shaped.groupby(key, sort=False) if key else [("all", shaped)]):
         best = group.sort_values("tokens_per_s", ascending=False).iloc[0]
-        text = f"At {key} = {point}: best is **{best['strategy']}** ({best['tokens_per_s']:.0f} tokens/s"
+        where = f"At {key} = {point}" if key else "Across the strategies"
+        text = f"{where}: best is **{best['strategy']}** ({best['tokens_per_s']:.0f} tokens/s"
         if "scaling_efficiency" in best and pd.notna(best["scaling_efficiency"]):
             text += f", {best['scaling_efficiency']:.0%} of its single-site throughput"
         lines.append(text + ").")
@@ -119,9 +120,11 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
         low = shaped[shaped["scaling_efficiency"] < EFFICIENCY_FLOOR]
         for _, row in low.iterrows():
             where = f" at {key} = {row[key]}" if key else ""
+            cost = (f"pipeline bubble {row['bubble_ratio']:.0%} of the pipeline time"
+                    if "bubble_ratio" in row and pd.notna(row["bubble_ratio"])
+                    else f"exposed communication {row['exposed_comm_share']:.0%} of the step")
             lines.append(f"{row['strategy']} falls below {EFFICIENCY_FLOOR:.0%}{where}: "
-                         f"{row['scaling_efficiency']:.0%} (exposed communication {row['exposed_comm_share']:.0%} "
-                         "of the step).")
+                         f"{row['scaling_efficiency']:.0%} ({cost}).")
     return lines
 
 
