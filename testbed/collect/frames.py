@@ -22,17 +22,15 @@ import pandas as pd
 
 
 def load_results(run_dir: Path) -> list[dict]:
-    results = []
-    for path in sorted((run_dir / "cells").glob("*/result.json")):
-        results.append(json.loads(path.read_text()))
-    return results
+    """Cell results in the order the cells ran, which is the experiment's order (sweep values as listed)."""
+    results = [json.loads(path.read_text()) for path in (run_dir / "cells").glob("*/result.json")]
+    return sorted(results, key=lambda result: result.get("started", 0.0))
 
 
 def load_steps(run_dir: Path) -> pd.DataFrame:
     rows = []
-    for cell_dir in sorted((run_dir / "cells").glob("*")):
-        if not (cell_dir / "result.json").exists():
-            continue
+    for result in load_results(run_dir):
+        cell_dir = run_dir / "cells" / result["cell"]["id"]
         for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
             for line in path.read_text().splitlines():
                 try:
