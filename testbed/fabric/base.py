@@ -46,3 +46,15 @@ class Fabric(ABC):
 
     @abstractmethod
     def status(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def attach(self, plan: NetworkPlan, state: Any) -> None:
+        """Adopt a testbed that an earlier process brought up (from the state file)."""
+
+    @abstractmethod
+    def delay_applied(self, end: Any) -> bool:
+        """Whether a link end's latency/jitter/loss is applied right now (netem, or a live delay line)."""
+
+    @abstractmethod
+    def dead_delay_lines(self) -> list[str]:
+        """Where a planned delay mechanism is not running (its links are dark): runs must fail on these."""
