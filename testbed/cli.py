@@ -344,9 +344,5 @@ def clean(prefix: str = PrefixOption) -> None:
               + (f" ({', '.join(removed[:6])}{' ...' if len(removed) > 6 else ''})" if removed else ""))
 
 
-def main() -> None:  # pragma: no cover
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":
     sys.exit(app())

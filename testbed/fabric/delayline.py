@@ -182,14 +182,13 @@ def _load(path: str) -> list[dict]:
 
 def worker(config_path: str) -> int:
     """Bind the queues, then hold and release packets until killed."""
-    from testbed.fabric.nfqueue import NF_DROP, QueueSocket, enable_receive_timestamps
+    from testbed.fabric.nfqueue import NF_DROP, QueueSocket
 
     libc = ctypes.CDLL(None)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
     libc.prctl(29, 1)  # PR_SET_TIMERSLACK: 1 ns, so short sleeps end on time
     items = _load(config_path)
-    stamps = enable_receive_timestamps()
-    sock = QueueSocket()
+    sock = QueueSocket(timestamps=True)
     directions = {item["queue"]: _Direction(item) for item in items}
     for item in items:
         sock.bind(item["queue"], item["limit"], gso=item["loss"] == 0)
@@ -201,8 +200,6 @@ def worker(config_path: str) -> int:
 
     signal.signal(signal.SIGHUP, on_hup)
     print(json.dumps({"worker": os.getpid(), "bound": sorted(directions)}), flush=True)
-    os.write(1, b"")
-    sys.stdout.flush()
     os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
     rng = random.Random()
     while True:
@@ -247,7 +244,6 @@ def worker(config_path: str) -> int:
         timeout = 0.2 if wake is None else min(wake - time.time() - EARLY_WAKE, MAX_SLEEP)
         if timeout > 0:
             select.select([sock], [], [], timeout)
-    del stamps  # pragma: no cover
 
 
 def supervise(config_path: str) -> int:

@@ -53,7 +53,9 @@ class Packet:
 class QueueSocket:
     """One netlink socket bound to one or more NFQUEUE numbers."""
 
-    def __init__(self, rcvbuf: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, rcvbuf: int = 64 * 1024 * 1024, timestamps: bool = False) -> None:
+        """`timestamps`: make the kernel stamp received packets, so queued packets carry NFQA_TIMESTAMP."""
+        self._stamps = enable_receive_timestamps() if timestamps else None
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
@@ -69,6 +71,8 @@ class QueueSocket:
 
     def close(self) -> None:
         self.sock.close()
+        if self._stamps is not None:
+            self._stamps.close()
 
     def _request(self, msg_type: int, queue: int, attrs: bytes) -> None:
         """Send a config request and wait for its acknowledgement; raises OSError with the kernel's errno."""
