@@ -44,7 +44,9 @@ def _guard(fn: Any) -> Any:
     except NetlinkError as error:
         _fail(f"the kernel refused a request: {os.strerror(error.code)} ({error})")
     except PermissionError as error:
-        _fail(f"{error.strerror or error}: {error.filename or ''} (network namespaces need root)")
+        detail = " ".join(str(x) for x in (error.strerror or error, error.filename or "") if x).strip()
+        _fail(f"permission denied ({detail}): network namespaces and tc need root "
+              "(or CAP_SYS_ADMIN and CAP_NET_ADMIN)")
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/yellow]")
         raise typer.Exit(130)

@@ -105,7 +105,10 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
     failed = summary[summary["status"] != "ok"] if not summary.empty else summary
     for _, row in failed.iterrows():
         lines.append(f"Cell `{row['cell']}` FAILED: {row['reason']}")
-    if agg.empty or "tokens_per_s" not in agg:
+    if agg.empty or "tokens_per_s" not in agg:  # e.g. a user's own command: no step metrics
+        for _, row in summary[summary["status"] == "ok"].iterrows() if not summary.empty else []:
+            lines.append(f"Cell `{row['cell']}` finished; {row['inter_dc_bytes_kernel'] / 1e6:.1f} MB crossed the "
+                         "inter-DC links (kernel counters).")
         return lines or ["No cell completed."]
     key = _primary(agg)
     shaped = agg[agg["baseline"] == "False"]

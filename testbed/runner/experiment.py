@@ -221,6 +221,9 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
             progress.done(cell, result)
     finally:
         tear_down(prefix)
+    from testbed.collect.report import build_report
+
+    build_report(run_dir)
     return run_dir
 
 

@@ -172,4 +172,21 @@ def test_bring_your_own_torchrun_script(prefix, tmp_path):
     assert [o["dc"] for o in outputs] == ["0", "0", "1", "1"] and all(o["sum"] == 10.0 for o in outputs)
     assert [o["node"] for o in outputs] == ["east-0", "east-1", "west-0", "west-1"]
     assert json.loads((run_dir / "manifest.json").read_text())["command"][-1] == str(script)
+    assert "Cell `command` finished" in (run_dir / "report.md").read_text()
     assert namespaces_with(prefix) == []
+
+
+def test_several_ranks_per_node(prefix, tmp_path):
+    path = experiment(tmp_path, strategies="[hier-dp]", sweep="[1ms]", baseline="none")
+    path.write_text(path.read_text().replace("micro_batches: 1}", "micro_batches: 1, ranks_per_node: 2}"))
+    proc = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = run_dir_of(tmp_path / "out")
+    (result_path,) = list((run_dir / "cells").glob("*/result.json"))
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "ok" and result["world"] == 4
+    starts = [json.loads((result_path.parent / "metrics" / f"rank{r}.jsonl").read_text().splitlines()[0])
+              for r in range(4)]
+    assert [s["dc"] for s in starts] == [0, 0, 1, 1] and all(s["nodes_per_dc"] == 2 for s in starts)
+    logs = [(result_path.parent / "logs" / f"rank{r}.log").exists() for r in range(4)]
+    assert all(logs)
