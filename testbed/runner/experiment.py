@@ -61,7 +61,8 @@ def manifest(experiment: Experiment, source: Path | None, testbed: Testbed, extr
         "description": experiment.description, "git_commit": git_commit(), "versions": versions(),
         "kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": "netns",
         "shaper": testbed.plan.shaper,
-        "links": {end.key: {**end.shaping.params.describe(), "mechanism": testbed.mechanism(end)}
+        "links": {end.key: {**end.shaping.params.describe(), "shaper": testbed.plan.shaper,
+                            "mechanism": testbed.mechanism(end)}
                   for end in testbed.plan.link_ends if end.kind == "inter-dc"},
         "topology": testbed.topology.model_dump(mode="json"), "seed": experiment.workload.seed,
         "warmup_steps": experiment.workload.warmup_steps, "repetitions": experiment.repetitions,
@@ -188,10 +189,22 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                 progress.done(cell, result)
     finally:
         tear_down(prefix)
+    finish_manifest(run_dir)
     from testbed.collect.report import build_report
 
     build_report(run_dir)
     return run_dir
+
+
+def finish_manifest(run_dir: Path) -> None:
+    """Add every cell's link calibration and the end time to the manifest."""
+    from testbed.collect.frames import load_results
+
+    path = run_dir / "manifest.json"
+    data = json.loads(path.read_text())
+    data["calibration"] = {r["cell"]["id"]: r.get("calibration", []) for r in load_results(run_dir)}
+    data["finished"] = datetime.now(timezone.utc).isoformat()
+    atomic_write(path, json.dumps(data, indent=1))
 
 
 def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
@@ -221,6 +234,7 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
             progress.done(cell, result)
     finally:
         tear_down(prefix)
+    finish_manifest(run_dir)
     from testbed.collect.report import build_report
 
     build_report(run_dir)

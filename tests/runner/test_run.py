@@ -63,6 +63,8 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["shaper"] in ("netem", "userspace-delay") and manifest["links"]["east->west"]["mechanism"]
     assert manifest["versions"]["torch"].startswith("2.") and manifest["experiment_sha256"]
+    assert manifest["links"]["west->east"]["shaper"] == manifest["shaper"] and manifest["finished"]
+    assert set(manifest["calibration"]) == {r["cell"] for r in rows}
     html = (run_dir / "report.html").read_text()
     assert '<img src="plots/efficiency.png"' in html and (run_dir / "plots" / "efficiency.png").stat().st_size > 5000
     assert "best is" in (run_dir / "report.md").read_text()
