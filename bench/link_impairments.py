@@ -1,5 +1,6 @@
 """Loss and jitter of the emulated link, measured: loss over >= 10 000 packets, jitter's spread against
-the configured law (uniform on [latency - jitter, latency + jitter], standard deviation jitter/sqrt(3)).
+the configured law (uniform on [latency - jitter, latency + jitter], standard deviation jitter/sqrt(3)),
+and what per-packet loss costs the delay line in throughput (GSO units are split to drop single packets).
 Impairments are configured on the east->west direction only, so round trips carry them once.
 
 Usage: .venv/bin/python bench/link_impairments.py [--packets 10000]   (root)
@@ -40,6 +41,27 @@ def pings(link: dict, count: int, interval: float) -> dict:
         tear_down(PREFIX)
 
 
+def throughput_cap(loss: str) -> float:
+    """Goodput of one TCP flow over an unshaped 5 ms link: what the delay line itself can carry."""
+    topology = topology_from_data({"name": "cap", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                                   "links": [{"between": ["east", "west"], "latency": "5ms", "loss": loss,
+                                              "reverse": {"loss": "0%"}}]})
+    testbed = bring_up(topology, prefix=PREFIX)
+    try:
+        dst = testbed.plan.node("west-0").address
+        server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.probe.agent", "serve", "--warmup", "1"],
+                                      stdout=subprocess.PIPE, text=True)
+        server.stdout.readline()
+        client = testbed.fabric.popen("east-0", [sys.executable, "-m", "testbed.probe.agent", "send", dst, "--seconds",
+                                                 "4"], stdout=subprocess.PIPE, text=True)
+        result = json.loads(client.communicate(timeout=120)[0])
+        server.kill()
+        server.wait()
+        return result["goodput_bps"]
+    finally:
+        tear_down(PREFIX)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--packets", type=int, default=10000)
@@ -60,6 +82,9 @@ def main() -> None:
         rows.append({"impairment": f"jitter {jitter_ms:g}ms (std)", "packets": len(r["rtts"]),
                      "configured": expected, "measured": measured, "measured/configured": measured / expected})
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4g"))
+    whole, per_packet = throughput_cap("0%"), throughput_cap("0.001%")
+    print(f"\ndelay-line throughput, unshaped 5 ms link, one TCP flow: {whole / 1e9:.1f} Gbit/s with offload units "
+          f"kept whole (loss 0), {per_packet / 1e9:.2f} Gbit/s with per-packet loss (GSO off)")
 
 
 if __name__ == "__main__":

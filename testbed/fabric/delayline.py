@@ -9,8 +9,8 @@ a constant delay, shaping before or after the delay is the same link.
 Semantics, same as the netem shaper: every packet is held latency + U(-jitter, +jitter) (never below zero,
 and never before the packet ahead of it: FIFO, no reordering, like netem with a rate); loss drops each
 packet independently with the configured probability. On lossy links the queue is bound without the GSO
-flag so the kernel segments 64 kB offload units and loss acts per wire packet (costs CPU: about
-2 Gbit/s at most here); otherwise GSO units stay whole and are delayed as one.
+flag so the kernel segments 64 kB offload units and loss acts per wire packet (costs CPU: 1.56 Gbit/s
+at most measured here, bench/link_impairments.py); otherwise GSO units stay whole and are delayed as one.
 
 Process model: `start()` launches a supervisor per gateway (detached, inside the namespace). The
 supervisor runs a worker, installs the iptables rules once the worker has bound its queues, restarts the
