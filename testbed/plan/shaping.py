@@ -25,7 +25,7 @@ MTU_FRAME = 1514  # bytes on the veth per full-size packet (MTU 1500 + Ethernet 
 AUTO_QUEUE_MIN = 1000  # packets; the kernel's usual default, the floor of `queue: auto`
 UNSHAPED_REFERENCE_RATE = 10e9  # bits/s assumed for sizing queues of links with no bandwidth cap
 NETEM_RATE_MAX = (2**32 - 1) * 8  # netem's TCA_NETEM_RATE is u32 bytes/s (pyroute2 has no RATE64)
-HTB_BURST_SECONDS = 0.002  # burst = 2 ms of traffic: the default (rate/HZ) loses 6-18 % at 1-5 Gbit/s
+HTB_BURST_SECONDS = 0.002  # burst = 2 ms of traffic: the default (rate/HZ) is too small at Gbit/s rates
 HTB_BURST_MIN = 16 * 1024
 
 ROOT = "root"

@@ -107,7 +107,7 @@ def test_access_links_without_netem_report_latency_as_not_applied():
 
 
 def test_htb_burst_is_sized_for_the_rate():
-    assert htb_burst(1e9) == 250_000  # 2 ms at 1 Gbit/s: the default burst loses 6 % here
+    assert htb_burst(1e9) == 250_000  # 2 ms at 1 Gbit/s
     assert htb_burst(1e8) == 25_000
     assert htb_burst(1e6) == 16 * 1024
     cls = plan_shaping(LinkParams(bandwidth=1e9), "netem").tc[1]
