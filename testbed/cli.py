@@ -327,6 +327,44 @@ def check(run_dir: Path = typer.Argument(...)) -> None:
         raise typer.Exit(1)
 
 
+hosts_app = typer.Typer(help="Real hosts over SSH (inventory files).", no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
+
+
+@hosts_app.command("check")
+def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Inventory YAML file."),
+                known_hosts: Path = typer.Option(Path("~/.ssh/known_hosts"), "--known-hosts",
+                                                 help="Host keys to verify against."),
+                accept_new: bool = typer.Option(False, "--accept-new",
+                                                help="Record unknown host keys (a changed key is still refused)."),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Connect to every host and show what it has (python, torch, tc, netem, clock offset) and lacks."""
+    from dataclasses import asdict
+
+    from testbed.remote.checks import check_inventory
+    from testbed.spec.inventory import load_inventory
+
+    spec = _guard(lambda: load_inventory(inventory))
+    rows = check_inventory(spec, inventory.parent, known_hosts.expanduser(), accept_new)
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        table = Table("dc", "host", "address", "python", "torch", "tc", "netem", "clock offset", "problems",
+                      title=f"hosts of {inventory}")
+        for r in rows:
+            offset = "-" if r.clock_offset_ms is None else f"{r.clock_offset_ms:+.1f} ms"
+            table.add_row(r.dc, r.host, r.address, r.python or "-", r.torch or "-", r.tc or "-", r.netem or "-", offset,
+                          r.problems if r.reachable else "unreachable")
+        out.print(table)
+    unreachable = [r for r in rows if not r.reachable]
+    for r in unreachable:
+        err.print(f"[red]error:[/red] {r.problems}", highlight=False, soft_wrap=True)
+    if unreachable:
+        raise typer.Exit(2)
+    if any(r.problems for r in rows):
+        raise typer.Exit(1)
+
+
 @app.command()
 def down(prefix: str = PrefixOption) -> None:
     """Tear the testbed down (namespaces, interfaces, delay lines, state)."""

@@ -1,0 +1,1 @@
+"""Real hosts over SSH (paramiko): connections with verified host keys, remote commands, host checks."""

@@ -1,0 +1,68 @@
+"""What each host has and lacks before a run: python, torch, tc, netem, clock offset."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.remote.ssh import Connection, RemoteError
+from testbed.spec.inventory import Inventory
+
+NETEM_PROBE = ("import sys,os\n"
+               "names=[l.split()[0] for l in open('/proc/modules')] if os.path.exists('/proc/modules') else []\n"
+               "ok=os.path.isdir('/sys/module/sch_netem') or 'sch_netem' in names\n"
+               "sys.stdout.write('yes' if ok else 'no')")
+
+
+@dataclass
+class HostCheck:
+    dc: str
+    host: str
+    address: str
+    reachable: bool
+    python: str = ""
+    torch: str = ""
+    tc: str = ""
+    netem: str = ""
+    clock_offset_ms: float | None = None
+    problems: str = ""
+
+
+def check_host(dc: str, connection: Connection) -> HostCheck:
+    host = connection.host
+    result = HostCheck(dc, host.name, host.address, True)
+    problems = []
+    out = connection.run([host.python, "-c", "import sys; print(sys.version.split()[0])"])
+    result.python = out.stdout.strip() if out.code == 0 else "missing"
+    if out.code != 0:
+        problems.append(f"{host.python} not found")
+    out = connection.run([host.python, "-c", "import torch; print(torch.__version__)"])
+    result.torch = out.stdout.strip() if out.code == 0 else "missing"
+    if out.code != 0:
+        problems.append("torch not importable")
+    out = connection.run(["tc", "-V"])
+    result.tc = out.stdout.strip().split()[-1] if out.code == 0 and out.stdout.strip() else "missing"
+    if out.code != 0:
+        problems.append("tc (iproute2) missing")
+    out = connection.run([host.python, "-c", NETEM_PROBE])
+    result.netem = out.stdout.strip() or "unknown"
+    before = time.time()
+    out = connection.run([host.python, "-c", "import time; print(repr(time.time()))"])
+    after = time.time()
+    if out.code == 0:
+        result.clock_offset_ms = (float(out.stdout) - (before + after) / 2) * 1e3
+    result.problems = "; ".join(problems)
+    return result
+
+
+def check_inventory(inventory: Inventory, base: Path, known_hosts: Path, accept_new: bool) -> list[HostCheck]:
+    """Check every host; an unreachable host is a row with its one-line reason, not an exception."""
+    rows = []
+    for dc, host in inventory.hosts():
+        try:
+            with Connection(host, host.key_path(base), known_hosts, accept_new) as connection:
+                rows.append(check_host(dc, connection))
+        except RemoteError as error:
+            rows.append(HostCheck(dc, host.name, host.address, False, problems=str(error)))
+    return rows

@@ -1,0 +1,126 @@
+"""Real hosts over SSH, played by sshd inside namespaces the test creates (root): host-key verification,
+key-only authentication, the host check table, and one clear line for each way it can go wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.fabric.control import bring_up
+from testbed.spec import load_topology
+
+from ..conftest import TOPOLOGIES, run_cli
+
+pytestmark = pytest.mark.root
+
+SSHD = "/usr/sbin/sshd"
+
+
+def keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+@pytest.fixture
+def hosts(prefix, tmp_path):
+    """Two DCs of one node each, every node running sshd with its own host key; yields a dict of paths."""
+    testbed = bring_up(load_topology(TOPOLOGIES / "asymmetric.yaml"), prefix=prefix)
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    client_key = tmp_path / "client"
+    client_pub = keygen(client_key)
+    (tmp_path / "authorized_keys").write_text(client_pub + "\n")
+    known, procs, nodes = [], [], ["east-0", "west-0"]
+    for node in nodes:
+        host_key = tmp_path / f"host-{node}"
+        host_pub = keygen(host_key)
+        config = tmp_path / f"sshd-{node}.conf"
+        config.write_text(f"Port 22\nListenAddress {testbed.plan.node(node).address}\nHostKey {host_key}\n"
+                          f"PidFile {tmp_path}/sshd-{node}.pid\nAuthorizedKeysFile {tmp_path}/authorized_keys\n"
+                          "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+                          "StrictModes no\nUsePAM no\n")
+        procs.append(testbed.fabric.popen(node, [SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        known.append(f"{testbed.plan.node(node).address} {' '.join(host_pub.split()[:2])}")
+    (tmp_path / "known_hosts").write_text("\n".join(known) + "\n")
+    inventory = {"dcs": {dc: [{"name": node, "address": testbed.plan.node(node).address, "user": "root",
+                               "key": str(client_key), "interface": "eth0", "python": sys.executable}]
+                         for dc, node in zip(("east", "west"), nodes)}}
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inventory))
+    # The checks run from a node of the emulated network, as a controller inside it would.
+    time.sleep(0.5)
+    yield {"dir": tmp_path, "testbed": testbed, "inventory": tmp_path / "inventory.yaml",
+           "known_hosts": tmp_path / "known_hosts"}
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def check(h: dict, *extra: str) -> subprocess.CompletedProcess:
+    """`testbed hosts check` run from inside east-0 (our namespaces are reachable only from there)."""
+    argv = [sys.executable, "-m", "testbed.cli", "hosts", "check", "--inventory", str(h["inventory"]),
+            "--known-hosts", str(h["known_hosts"]), *extra]
+    proc = h["testbed"].fabric.popen("east-0", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "COLUMNS": "200"})
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def test_hosts_check_reports_each_host(hosts):
+    proc = check(hosts, "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["host"] for r in rows] == ["east-0", "west-0"] and all(r["reachable"] for r in rows)
+    for row in rows:
+        assert row["python"].startswith("3.") and row["torch"].startswith("2.") and row["tc"] != "missing"
+        assert row["netem"] in ("yes", "no") and abs(row["clock_offset_ms"]) < 1000
+    table = check(hosts)
+    assert "east-0" in table.stdout and "clock offset" in table.stdout
+
+
+def test_unknown_host_key_is_refused_in_one_line(hosts):
+    hosts["known_hosts"].write_text(hosts["known_hosts"].read_text().splitlines()[0] + "\n")  # forget west-0
+    proc = check(hosts)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: host west-0 ({hosts['testbed'].plan.node('west-0').address}): unknown host key "
+                      f"(not in {hosts['known_hosts']}); add it, or pass --accept-new to record new hosts"]
+
+
+def test_accept_new_records_unknown_keys_but_never_changed_ones(hosts):
+    real = hosts["known_hosts"].read_text()
+    hosts["known_hosts"].write_text("")
+    assert check(hosts, "--accept-new").returncode in (0, 1)
+    recorded = hosts["known_hosts"].read_text()
+    assert recorded.count("ssh-ed25519") == 2
+    forged = keygen(hosts["dir"] / "forged").split()
+    lines = real.splitlines()
+    lines[1] = f"{lines[1].split()[0]} {forged[0]} {forged[1]}"  # west-0's key "changed"
+    hosts["known_hosts"].write_text("\n".join(lines) + "\n")
+    proc = check(hosts, "--accept-new")
+    assert proc.returncode == 2 and "host key does not match" in proc.stderr and "refusing" in proc.stderr
+
+
+def test_wrong_client_key_fails_in_one_line(hosts):
+    keygen(hosts["dir"] / "stranger")
+    inventory = yaml.safe_load(hosts["inventory"].read_text())
+    inventory["dcs"]["west"][0]["key"] = str(hosts["dir"] / "stranger")
+    hosts["inventory"].write_text(yaml.safe_dump(inventory))
+    proc = check(hosts)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "authentication as root with key" in errors[0] and "failed" in errors[0]
+
+
+def test_bad_inventory_is_one_line(tmp_path, state_dir):
+    bad = tmp_path / "inventory.yaml"
+    bad.write_text("dcs:\n  east:\n    - {name: e1, address: not-an-ip, user: root, key: k, interface: eth0}\n")
+    proc = run_cli("hosts", "check", "--inventory", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {bad}: dcs.east[0].address: expected an IP address, got 'not-an-ip'"
