@@ -18,9 +18,10 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel
@@ -173,13 +174,12 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     todo = [c for c in cells if not complete(run_dir / "cells" / c.id)]
     if progress:
         progress.start(len(cells), len(cells) - len(todo), run_dir)
-    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=path)
-    try:
+    with fabric(topology, path, prefix, shaper) as testbed:
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         for cell in todo:
             cancel.check()
-            argv = [sys.executable, "-m", "testbed.workload", *Cell(**dataclasses.asdict(cell)).workload_args()]
+            argv = [sys.executable, "-m", "testbed.workload", *cell.workload_args()]
             if progress:
                 progress.cell(cell)
             result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
@@ -187,24 +187,31 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                               on_tick=(lambda d: progress.tick(d, cell.options["steps"])) if progress else None)
             if progress:
                 progress.done(cell, result)
+    return finish_run(run_dir)
+
+
+@contextmanager
+def fabric(topology, topology_file: Path, prefix: str, shaper: str) -> Iterator[Testbed]:
+    """The testbed for a run, torn down whatever happens (also Ctrl-C or a failed cell)."""
+    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=topology_file)
+    try:
+        yield testbed
     finally:
         tear_down(prefix)
-    finish_manifest(run_dir)
-    from testbed.collect.report import build_report
-
-    build_report(run_dir)
-    return run_dir
 
 
-def finish_manifest(run_dir: Path) -> None:
-    """Add every cell's link calibration and the end time to the manifest."""
+def finish_run(run_dir: Path) -> Path:
+    """Add every cell's link calibration and the end time to the manifest, then build the report."""
     from testbed.collect.frames import load_results
+    from testbed.collect.report import build_report
 
     path = run_dir / "manifest.json"
     data = json.loads(path.read_text())
     data["calibration"] = {r["cell"]["id"]: r.get("calibration", []) for r in load_results(run_dir)}
     data["finished"] = datetime.now(timezone.utc).isoformat()
     atomic_write(path, json.dumps(data, indent=1))
+    build_report(run_dir)
+    return run_dir
 
 
 def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
@@ -222,8 +229,7 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
     links = {k: dataclasses.asdict(v) for k, v in base_links(topology).items()}
     cell = Cell("command", "command", {"steps": 0}, links)
     run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
-    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=topology_path)
-    try:
+    with fabric(topology, topology_path, prefix, shaper) as testbed:
         atomic_write(run_dir / "manifest.json", json.dumps(
             manifest(experiment, None, testbed, {"command": command}), indent=1))
         if progress:
@@ -232,12 +238,6 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
         result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
         if progress:
             progress.done(cell, result)
-    finally:
-        tear_down(prefix)
-    finish_manifest(run_dir)
-    from testbed.collect.report import build_report
-
-    build_report(run_dir)
-    return run_dir
+    return finish_run(run_dir)
 
 
