@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from testbed.atomic import write_text
 from testbed.fabric import nsexec
+from testbed.fabric.procs import alive
 from testbed.fabric.state import state_dir
 
 if TYPE_CHECKING:  # the supervisor and worker import only the standard library: they start fast
@@ -123,16 +124,6 @@ def read_status(ns: str) -> dict:
         return json.loads(_files(ns)[1].read_text())
     except (OSError, ValueError):
         return {}
-
-
-def alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def gateway_of(plan: "NetworkPlan", key: str) -> str | None:

@@ -17,6 +17,7 @@ from testbed.fabric import cancel, delayline, nsexec
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.fabric.base import Fabric, FabricError, LinkCounters
+from testbed.fabric.procs import alive
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.plan.shaping import ROOT, DelayLineSpec, TcObject, plan_shaping
 from testbed.spec.link import LinkParams
@@ -60,21 +61,9 @@ def kill_namespace_processes(names: list[str], timeout: float = 3.0) -> int:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 1.0)
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        while time.monotonic() < deadline and any(alive(pid) for pid in pids):
             time.sleep(0.02)
     return len(pids)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child of ours is dead for our purposes
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def clean(prefix: str) -> list[str]:
@@ -192,7 +181,7 @@ class NetnsFabric(Fabric):
     def _reshape_delay_line(self, key: str, spec: DelayLineSpec) -> None:
         gateway = delayline.gateway_of(self._require_plan(), key)
         pid = (self.state.delay_lines if self.state else {}).get(gateway or "")
-        if gateway is None or pid is None or not delayline.alive(pid):
+        if gateway is None or pid is None or not alive(pid):
             raise FabricError(f"link {key}: its delay line is not running; run `testbed up` again")
         try:
             delayline.reconfigure(gateway, key, spec)
@@ -208,13 +197,13 @@ class NetnsFabric(Fabric):
             return not end.shaping.not_applied
         gateway = delayline.gateway_of(plan, end.key)
         pid = (self.state.delay_lines if self.state else {}).get(gateway or "")
-        return pid is not None and delayline.alive(pid)
+        return pid is not None and alive(pid)
 
     def dead_delay_lines(self) -> list[str]:
         """Gateways whose delay line is planned but not running (its links would be dark)."""
         plan = self._require_plan()
         pids = self.state.delay_lines if self.state else {}
-        return sorted(ns for ns in delayline.assignments(plan) if not delayline.alive(pids.get(ns, -1)))
+        return sorted(ns for ns in delayline.assignments(plan) if not alive(pids.get(ns, -1)))
 
     # --- teardown ---------------------------------------------------------------------------------
     def down(self) -> None:
