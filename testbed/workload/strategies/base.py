@@ -66,6 +66,19 @@ def build_model(ctx: Context) -> GPT:
     return GPT(ctx.cfg).to(ctx.device)
 
 
+def average_in_dc(ctx: Context, params: list[torch.nn.Parameter]) -> None:
+    """Replace each gradient by its mean over this DC's nodes (one flat all-reduce on the intra-DC group)."""
+    groups = ctx.groups
+    if len(groups.intra_ranks) == 1:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    ctx.comm.all_reduce(flat, groups.intra, groups.intra_ranks)
+    offset = 0
+    for param in params:
+        param.grad.copy_(flat[offset: offset + param.numel()].view_as(param)).div_(len(groups.intra_ranks))
+        offset += param.numel()
+
+
 def make_optimizer(params, opts: Options) -> torch.optim.Optimizer:
     if opts.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.0)

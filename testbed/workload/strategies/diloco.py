@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from testbed.workload.strategies.base import Context, MicroBatch
+from testbed.workload.strategies.base import Context, MicroBatch, average_in_dc
 from testbed.workload.strategies.dp import DataParallel
 
 
@@ -37,13 +37,7 @@ class DiLoCo(DataParallel):
 
     def sync(self) -> None:
         """Inner data parallelism: average gradients over this DC's nodes."""
-        groups = self.ctx.groups
-        flat = self.flat_gradients(self.params)
-        self.ctx.comm.all_reduce(flat, groups.intra, groups.intra_ranks)
-        offset = 0
-        for param in self.params:
-            param.grad.copy_(flat[offset: offset + param.numel()].view_as(param)).div_(len(groups.intra_ranks))
-            offset += param.numel()
+        average_in_dc(self.ctx, self.params)
 
     def inner_step(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
         """One step of data parallelism inside the DC with the inner optimizer; returns the loss."""

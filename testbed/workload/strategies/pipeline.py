@@ -30,7 +30,8 @@ from torch import nn
 
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
-from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+from testbed.workload.strategies.base import (Context, MicroBatch, Strategy, average_in_dc, build_model,
+                                              make_optimizer)
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
 Op = tuple[str, int, int]  # ("F" | "B", virtual chunk index on this stage, micro-batch)
@@ -238,7 +239,7 @@ class Pipeline(Strategy):
             for param in self.params:
                 param.grad.fill_(1e-3)
         dp_start = time.perf_counter()
-        self._data_parallel_sync()
+        average_in_dc(ctx, self.params)  # data parallelism among this stage's replicas
         dp = time.perf_counter() - dp_start
         meter.add("exposed_s", dp)
         if ctx.opts.dump_dir:
@@ -250,17 +251,6 @@ class Pipeline(Strategy):
         meter.add("bubble_s", bubble)
         return {"loss": sum(losses) if losses else None, "stage": self.stage, "lookahead": self.lookahead,
                 "pipeline_s": pipeline_time}
-
-    def _data_parallel_sync(self) -> None:
-        groups = self.ctx.groups
-        if len(groups.intra_ranks) == 1:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        self.ctx.comm.all_reduce(flat, groups.intra, groups.intra_ranks)
-        offset = 0
-        for param in self.params:
-            param.grad.copy_(flat[offset: offset + param.numel()].view_as(param)).div_(len(groups.intra_ranks))
-            offset += param.numel()
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         return self._last_grads
