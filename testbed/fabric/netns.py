@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import signal
@@ -237,6 +238,9 @@ class NetnsFabric(Fabric):
             self._change_tc(end, new, old_kinds == new_kinds)
         except NetlinkError as error:
             raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
+        # keep the plan true to the kernel, so a later shape/counters/status sees what is applied
+        self.plan = dataclasses.replace(plan, link_ends=tuple(
+            dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
 
     def _change_tc(self, end: LinkEnd, new, same_tree: bool) -> None:
         with NetNS(end.ns) as ns:

@@ -104,15 +104,7 @@ def reshape(testbed: Testbed, cell: Cell) -> None:
             testbed.fabric.shape(key, params)
             testbed.state.set_override(key, params)
     state_store.save(testbed.state)
-    _refresh_plan(testbed)
-
-
-def _refresh_plan(testbed: Testbed) -> None:
-    from testbed.plan.network import build_plan
-
-    testbed.plan = build_plan(testbed.topology, testbed.plan.shaper, testbed.plan.prefix,
-                              testbed.state.override_params())
-    testbed.fabric.plan = testbed.plan
+    testbed.plan = testbed.fabric.plan  # the fabric keeps its plan current as it shapes
 
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
