@@ -28,6 +28,20 @@ err = Console(stderr=True)
 
 PrefixOption = typer.Option(os.environ.get("TESTBED_PREFIX", DEFAULT_PREFIX), "--prefix",
                             help="Name prefix of every kernel object (env TESTBED_PREFIX).")
+BackendOption = typer.Option("netns", "--backend", help="netns (namespaces on this machine) | ssh (inventory hosts)")
+InventoryOption = typer.Option(None, "--inventory", help="With --backend ssh: the inventory YAML file.")
+KnownHostsOption = typer.Option(Path("~/.ssh/known_hosts"), "--known-hosts", help="Host keys to verify against.")
+AcceptNewOption = typer.Option(False, "--accept-new", help="Record unknown host keys (a changed key is still refused).")
+
+
+def _backend(name: str, inventory: Optional[Path], known_hosts: Path, accept_new: bool) -> Any:
+    from testbed.fabric.control import BACKENDS, Backend
+
+    if name not in BACKENDS:
+        _fail(f"--backend: expected one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "ssh" and inventory is None:
+        _fail("--backend ssh needs --inventory FILE")
+    return Backend(name, inventory, known_hosts, accept_new)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -37,9 +51,14 @@ def _fail(message: str, code: int = 2) -> None:
 
 def _guard(fn: Any) -> Any:
     """Run `fn`, turning spec/fabric errors into one red line and exit code 2 (no traceback)."""
+    from testbed.remote.ssh import RemoteError
+
     try:
         return fn()
-    except (SpecError, FabricError) as error:
+    except (SpecError, FabricError, RemoteError) as error:
+        rows = getattr(error, "rows", None)
+        if rows is not None:
+            out.print(_hosts_table(rows, "hosts"))
         _fail(str(error))
     except NetlinkError as error:
         _fail(f"the kernel refused a request: {os.strerror(error.code)} ({error})")
@@ -50,6 +69,43 @@ def _guard(fn: Any) -> Any:
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/yellow]")
         raise typer.Exit(130)
+    except Exception as error:
+        if type(error).__module__.startswith("paramiko"):  # a connection lost mid-way, say
+            _fail(f"SSH: {error or type(error).__name__}")
+        raise
+
+
+def _hosts_plan(topology: Any, inventory: Path, shaper: str, prefix: str) -> Any:
+    from testbed.plan.hosts import build_hosts_plan
+    from testbed.spec.inventory import load_inventory
+
+    return build_hosts_plan(topology, load_inventory(inventory), shaper, prefix, inventory_file=str(inventory))
+
+
+def print_hosts_plan(plan: Any) -> None:
+    import shlex
+
+    out.print(f"[bold]plan[/bold] {plan.network.topology} on hosts of {plan.inventory_file}: shaper "
+              f"{plan.network.shaper}, prefix {plan.network.prefix!r}")
+    table = Table("node", "host", "address", "interface", "workdir", "commands (run over SSH)", "delay line",
+                  title="hosts")
+    for item in plan.hosts:
+        lines = [f"{d.key} from {','.join(d.sources)}: {units.format_duration(d.latency)} "
+                 f"±{units.format_duration(d.jitter)} loss {units.format_fraction(d.loss)}" for d in item.delay_line]
+        table.add_row(item.node.name, item.host.name, item.host.address, item.host.interface, item.workdir,
+                      "\n".join(("sudo -n " if item.host.sudo else "") + shlex.join(c) for c in item.apply),
+                      "\n".join(lines) or "-")
+    out.print(table)
+    out.print("intra-DC traffic is the hosts' own network (unshaped); a link's bandwidth applies per sending host")
+
+
+def _hosts_table(rows: list, title: str) -> Table:
+    table = Table("dc", "host", "address", "python", "torch", "tc", "netem", "clock offset", "problems", title=title)
+    for r in rows:
+        offset = "-" if r.clock_offset_ms is None else f"{r.clock_offset_ms:+.1f} ms"
+        table.add_row(r.dc, r.host, r.address, r.python or "-", r.torch or "-", r.tc or "-", r.netem or "-", offset,
+                      r.problems if r.reachable else "unreachable")
+    return table
 
 
 def print_plan(plan: NetworkPlan) -> None:
@@ -81,24 +137,30 @@ def print_plan(plan: NetworkPlan) -> None:
 def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; create nothing (no root needed)."),
        shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+       backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+       known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
        prefix: str = PrefixOption) -> None:
-    """Bring a topology up as network namespaces with shaped links (cleans a stale one first)."""
+    """Bring a topology up (namespaces here, or shaping on inventory hosts over SSH); cleans a stale one first."""
     from testbed.plan.shaping import SHAPERS
 
     if shaper not in ("auto", *SHAPERS):
         _fail(f"--shaper: expected auto, netem or userspace-delay, got {shaper!r}")
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new)
     spec = _guard(lambda: load_topology(topology))
     if dry_run:
         chosen = "userspace-delay" if shaper == "auto" else shaper
-        print_plan(_guard(lambda: build_plan(spec, chosen, prefix)))
+        if chosen_backend.name == "ssh":
+            print_hosts_plan(_guard(lambda: _hosts_plan(spec, chosen_backend.inventory, chosen, prefix)))
+        else:
+            print_plan(_guard(lambda: build_plan(spec, chosen, prefix)))
         if shaper == "auto":
-            out.print("(shaper auto resolves to netem on kernels that have it; shown: userspace-delay)")
+            out.print("(shaper auto resolves to netem where every kernel has it; shown: userspace-delay)")
         return
     from testbed.fabric.control import bring_up
 
     cancel.install()
     testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,
-                                      on_progress=lambda m: err.print(f"[dim]{m}[/dim]")))
+                                      on_progress=lambda m: err.print(f"[dim]{m}[/dim]"), backend=chosen_backend))
     if cancel.requested():  # a stop that landed where it could not interrupt: honour it now
         from testbed.fabric.control import tear_down
 
@@ -127,7 +189,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable 
         print(json.dumps(info, indent=1))
     else:
         out.print(f"[bold]{info['topology']}[/bold] backend {info['backend']}, shaper {info['shaper']}, "
-                  f"{info['namespaces_up']}/{info['namespaces_planned']} namespaces up")
+                  f"{info['summary']}")
         table = Table("node", "dc", "namespace", "address", title="nodes")
         for node in info["nodes"]:
             table.add_row(node["name"], node["dc"], node["namespace"], node["address"])
@@ -150,6 +212,9 @@ def exec_(node: str = typer.Argument(..., help="Node name, e.g. east-0"),
     from testbed.fabric.control import attach
 
     testbed = _guard(lambda: attach(prefix))
+    if testbed.state.backend == "ssh":
+        proc = _guard(lambda: testbed.fabric.popen(node, command, env={}))
+        raise typer.Exit(proc.wait())
     namespace = _guard(lambda: testbed.fabric._namespace(node))
     try:
         nsexec.enter(namespace)
@@ -213,19 +278,23 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
           seconds: float = typer.Option(3.0, help="Seconds of TCP flow per direction."),
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Write probe.json and probe.md here."),
           shaper: str = typer.Option("auto", help="With TOPOLOGY: auto | netem | userspace-delay"),
+          backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+          known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
           prefix: str = PrefixOption) -> None:
     """Measure RTT (p50/p99) and TCP goodput for every DC pair against what is configured."""
     from testbed.fabric.control import attach, bring_up, tear_down
     from testbed.probe.measure import as_records, probe_all
     from testbed.probe.report import probe_table, write_probe_report
 
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new)
     cancel.install()
     own = topology is not None
     try:
         if own:
             spec = _guard(lambda: load_topology(topology))
             testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,
-                                              on_progress=lambda m: err.print(f"[dim]{m}[/dim]")))
+                                              on_progress=lambda m: err.print(f"[dim]{m}[/dim]"),
+                                              backend=chosen_backend))
         else:
             testbed = _guard(lambda: attach(prefix))
         dead = testbed.fabric.dead_delay_lines()
@@ -262,11 +331,14 @@ def run(ctx: typer.Context,
         ranks_per_node: int = typer.Option(1, "--ranks-per-node"),
         timeout: float = typer.Option(3600, "--timeout", help="With --topology: seconds before the run is stopped."),
         shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+        backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+        known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
         prefix: str = PrefixOption) -> None:
     """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report."""
     from testbed.runner.experiment import run_command, run_experiment
     from testbed.runner.progress import RunProgress
 
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new)
     cancel.install()
     progress = RunProgress(err)
     try:
@@ -275,12 +347,13 @@ def run(ctx: typer.Context,
             if not command:
                 _fail("--topology needs a command after --, e.g. testbed run --topology T -- python train.py")
             run_dir = _guard(lambda: run_command(topology, command, out_dir, prefix=prefix, shaper=shaper,
-                                                 ranks_per_node=ranks_per_node, timeout=timeout, progress=progress))
+                                                 ranks_per_node=ranks_per_node, timeout=timeout, progress=progress,
+                                                 backend=chosen_backend))
         else:
             if experiment is None:
                 _fail("give an experiment file, or --topology T -- COMMAND")
             run_dir = _guard(lambda: run_experiment(experiment, out_dir, prefix=prefix, shaper=shaper, resume=resume,
-                                                    only=only, progress=progress))
+                                                    only=only, progress=progress, backend=chosen_backend))
     finally:
         progress.stop()
     report = run_dir / "report.html"
@@ -333,10 +406,7 @@ app.add_typer(hosts_app, name="hosts")
 
 @hosts_app.command("check")
 def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Inventory YAML file."),
-                known_hosts: Path = typer.Option(Path("~/.ssh/known_hosts"), "--known-hosts",
-                                                 help="Host keys to verify against."),
-                accept_new: bool = typer.Option(False, "--accept-new",
-                                                help="Record unknown host keys (a changed key is still refused)."),
+                known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
                 as_json: bool = typer.Option(False, "--json")) -> None:
     """Connect to every host and show what it has (python, torch, tc, netem, clock offset) and lacks."""
     from dataclasses import asdict
@@ -349,13 +419,7 @@ def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Invento
     if as_json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
-        table = Table("dc", "host", "address", "python", "torch", "tc", "netem", "clock offset", "problems",
-                      title=f"hosts of {inventory}")
-        for r in rows:
-            offset = "-" if r.clock_offset_ms is None else f"{r.clock_offset_ms:+.1f} ms"
-            table.add_row(r.dc, r.host, r.address, r.python or "-", r.torch or "-", r.tc or "-", r.netem or "-", offset,
-                          r.problems if r.reachable else "unreachable")
-        out.print(table)
+        out.print(_hosts_table(rows, f"hosts of {inventory}"))
     unreachable = [r for r in rows if not r.reachable]
     for r in unreachable:
         err.print(f"[red]error:[/red] {r.problems}", highlight=False, soft_wrap=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from testbed.plan.network import NetworkPlan
 from testbed.spec.link import LinkParams
 
 
@@ -30,7 +30,8 @@ class Fabric(ABC):
     """Bring a plan up, run things in its nodes, change links live, read counters, take it down."""
 
     @abstractmethod
-    def up(self, plan: NetworkPlan) -> None: ...
+    def up(self, plan: Any, state: Any = None) -> None:
+        """Build `plan` (a NetworkPlan, or a HostsPlan for ssh); on failure leave nothing behind and raise."""
 
     @abstractmethod
     def down(self) -> None: ...
@@ -48,12 +49,15 @@ class Fabric(ABC):
     def status(self) -> dict[str, Any]: ...
 
     @abstractmethod
-    def attach(self, plan: NetworkPlan, state: Any) -> None:
+    def attach(self, plan: Any, state: Any) -> None:
         """Adopt a testbed that an earlier process brought up (from the state file)."""
 
     @abstractmethod
     def delay_applied(self, end: Any) -> bool:
         """Whether a link end's latency/jitter/loss is applied right now (netem, or a live delay line)."""
+
+    def fetch_outputs(self, local: Path) -> None:
+        """Bring back what nodes wrote into TESTBED_METRICS_DIR=`local` (remote backends; local ones share it)."""
 
     @abstractmethod
     def dead_delay_lines(self) -> list[str]:

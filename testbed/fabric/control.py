@@ -8,11 +8,23 @@ from typing import Any, Callable
 
 from testbed.fabric import delayline
 from testbed.fabric import state as state_store
-from testbed.fabric.base import FabricError
+from testbed.fabric.base import Fabric, FabricError
 from testbed.fabric.kernel import resolve_shaper
 from testbed.fabric.netns import NetnsFabric, clean, list_namespaces
 from testbed.plan.network import LinkEnd, NetworkPlan, build_plan
 from testbed.spec.topology import Topology, topology_from_data
+
+BACKENDS = ("netns", "ssh")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Which backend builds the testbed and, for ssh, how to reach the hosts."""
+
+    name: str = "netns"
+    inventory: Path | None = None
+    known_hosts: Path = Path("~/.ssh/known_hosts")
+    accept_new: bool = False
 
 
 @dataclass
@@ -21,7 +33,7 @@ class Testbed:
 
     topology: Topology
     plan: NetworkPlan
-    fabric: NetnsFabric
+    fabric: Fabric
     state: state_store.FabricState
 
     def mechanism(self, end: LinkEnd) -> str:
@@ -51,8 +63,15 @@ class Testbed:
 
 
 def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
-             on_progress: Callable[[str], None] | None = None) -> Testbed:
+             on_progress: Callable[[str], None] | None = None, backend: Backend = Backend()) -> Testbed:
     """Clean any stale testbed with this prefix, then build `topology`. Nothing is left behind on failure."""
+    if backend.name == "ssh":
+        from testbed.fabric.ssh_control import bring_up_hosts
+
+        return bring_up_hosts(topology, prefix=prefix, shaper=shaper, topology_file=topology_file,
+                              on_progress=on_progress, backend=backend)
+    if backend.name != "netns":
+        raise FabricError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend.name!r}")
     resolved = resolve_shaper(shaper)
     plan = build_plan(topology, resolved, prefix)  # pure: fails before anything is created
     if list_namespaces(prefix) or state_store.load(prefix) is not None:
@@ -78,6 +97,11 @@ def attach(prefix: str) -> Testbed:
     if saved is None:
         raise FabricError(f"no testbed is up with prefix {prefix!r} (run `testbed up TOPOLOGY` first)")
     topology = _topology_from_state(saved)
+    if saved.backend == "ssh":
+        from testbed.fabric.ssh_control import attach_hosts
+
+        plan, fabric = attach_hosts(topology, saved)
+        return Testbed(topology, plan, fabric, saved)
     plan = build_plan(topology, saved.shaper, prefix, saved.override_params())
     fabric = NetnsFabric(prefix)
     fabric.attach(plan, saved)
@@ -106,8 +130,15 @@ def _to_units(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def tear_down(prefix: str) -> list[str]:
-    """Remove everything with this prefix, with or without a state file."""
-    removed = clean(prefix)
+    """Remove everything with this prefix, with or without a state file. Hosts of an ssh testbed are
+    restored from the recorded state; if one cannot be reached the state file stays for a later `clean`."""
+    removed: list[str] = []
+    saved = state_store.load(prefix)
+    if saved is not None and saved.backend == "ssh":
+        testbed = attach(prefix)
+        removed += [f"{host} (ssh)" for host in saved.backend_state.get("hosts", {})]
+        testbed.fabric.down()
+    removed += clean(prefix)
     state_store.remove(prefix)
     delayline.remove_files(prefix)
     return removed

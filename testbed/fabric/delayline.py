@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -42,29 +42,18 @@ from testbed.fabric.state import state_dir
 
 if TYPE_CHECKING:  # the supervisor and worker import only the standard library: they start fast
     from testbed.plan.network import NetworkPlan
-    from testbed.plan.shaping import DelayLineSpec
+    from testbed.plan.shaping import DelayDirection, DelayLineSpec
 
 EARLY_WAKE = 40e-6  # wake this much before the head is due
 RELEASE_SLACK = 20e-6  # release what is due within this much
 MAX_SLEEP = 0.002
 
 
-@dataclass(frozen=True)
-class Assignment:
-    """One delayed direction: packets arriving on `ifname` of the gateway, queue number `queue`."""
-
-    key: str  # direction key of the link end, e.g. "east->west"
-    ifname: str
-    queue: int
-    latency: float
-    jitter: float
-    loss: float
-    limit: int
-
-
-def assignments(plan: "NetworkPlan") -> dict[str, list[Assignment]]:
+def assignments(plan: "NetworkPlan") -> dict[str, list[DelayDirection]]:
     """Gateway namespace -> the directions its delay line serves (pure: derived from the plan)."""
-    out: dict[str, list[Assignment]] = {}
+    from testbed.plan.shaping import DelayDirection
+
+    out: dict[str, list[DelayDirection]] = {}
     for link in plan.links:
         for key, src, dst in ((link.forward, link.a, link.b), (link.backward, link.b, link.a)):
             spec = plan.link_end(key).shaping.delay_line
@@ -72,8 +61,8 @@ def assignments(plan: "NetworkPlan") -> dict[str, list[Assignment]]:
                 continue
             ns = plan.gateways[dst]
             work = out.setdefault(ns, [])
-            work.append(Assignment(key, f"to-{src}", len(work), spec.latency, spec.jitter, spec.loss,
-                                   _maxlen(spec)))
+            work.append(DelayDirection(key, f"to-{src}", len(work), spec.latency, spec.jitter, spec.loss,
+                                       _maxlen(spec)))
     return out
 
 
@@ -88,7 +77,7 @@ def _files(ns: str) -> tuple[Path, Path, Path]:
 
 
 # --- control side (the CLI process) ---------------------------------------------------------------
-def start_all(work: dict[str, list[Assignment]], timeout: float = 10.0) -> dict[str, int]:
+def start_all(work: "dict[str, list[DelayDirection]]", timeout: float = 10.0) -> dict[str, int]:
     """Start one supervisor per gateway, all at once; returns gateway -> pid once every queue is bound."""
     procs: dict[str, subprocess.Popen] = {}
     try:
@@ -272,8 +261,12 @@ def supervise(config_path: str) -> int:
             return 1
         if not state["rules"]:
             for item in items:
-                rule = ["-t", "mangle", "-A", "PREROUTING", "-i", item["ifname"], "-j", "NFQUEUE",
-                        "--queue-num", str(item["queue"])]
+                rule = ["-t", "mangle", "-A", "PREROUTING", "-i", item["ifname"]]
+                if item.get("sources"):
+                    rule += ["-s", ",".join(item["sources"])]
+                if item.get("comment"):
+                    rule += ["-m", "comment", "--comment", item["comment"]]
+                rule += ["-j", "NFQUEUE", "--queue-num", str(item["queue"])]
                 subprocess.run(["iptables", "-w", *rule], check=True)
                 state["rules"].append(" ".join(rule))
             state["ready"] = True

@@ -277,8 +277,9 @@ class NetnsFabric(Fabric):
         plan = self._require_plan()
         present = set(list_namespaces(self.prefix))
         expected = [space.name for space in plan.namespaces]
-        return {"backend": "netns", "namespaces_up": sum(name in present for name in expected),
-                "namespaces_planned": len(expected)}
+        up = sum(name in present for name in expected)
+        return {"backend": "netns", "namespaces_up": up, "namespaces_planned": len(expected),
+                "summary": f"{up}/{len(expected)} namespaces up"}
 
     def _require_plan(self) -> NetworkPlan:
         if self.plan is None:

@@ -31,7 +31,8 @@ class FabricState:
     topology: dict[str, Any]
     topology_file: str | None = None
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # direction key -> LinkParams
-    delay_lines: dict[str, int] = field(default_factory=dict)  # direction key -> pid
+    delay_lines: dict[str, int] = field(default_factory=dict)  # gateway namespace -> pid
+    backend_state: dict[str, Any] = field(default_factory=dict)  # ssh: inventory, and what changed per host
 
     def override_params(self) -> dict[str, "LinkParams"]:
         from testbed.spec.link import LinkParams

@@ -70,6 +70,22 @@ class DelayLineSpec:
 
 
 @dataclass(frozen=True)
+class DelayDirection:
+    """One direction a delay line serves: packets arriving on `ifname` (from `sources`, if given) go to
+    NFQUEUE number `queue` and are held latency +- jitter, dropped with probability loss."""
+
+    key: str  # direction key, e.g. "east->west"
+    ifname: str
+    queue: int
+    latency: float
+    jitter: float
+    loss: float
+    limit: int
+    sources: tuple[str, ...] = ()
+    comment: str = ""  # iptables comment on its rule, so an undo can find it
+
+
+@dataclass(frozen=True)
 class Shaping:
     """Everything applied on one egress interface, and what no mechanism applies (reported, never hidden)."""
 

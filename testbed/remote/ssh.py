@@ -77,6 +77,17 @@ class Connection:
             raise RemoteError(f"{label}: cannot connect to port {host.port}: {getattr(error, 'strerror', None) or error}") \
                 from None
         self.client = client
+        self._sftp: paramiko.SFTPClient | None = None
+
+    def sftp(self) -> paramiko.SFTPClient:
+        """One SFTP session per connection, opened on first use."""
+        if self._sftp is None:
+            try:
+                self._sftp = self.client.open_sftp()
+            except paramiko.SSHException as error:
+                raise RemoteError(f"host {self.host.name}: SFTP is not available ({error}); sshd needs its "
+                                  "`Subsystem sftp` line") from None
+        return self._sftp
 
     def run(self, argv: list[str], timeout: float = 60.0, sudo: bool | None = None) -> Result:
         """Run argv (no shell interpretation of its items); with sudo, as root without a password prompt."""
@@ -88,7 +99,17 @@ class Connection:
         err = stderr.read().decode(errors="replace")
         return Result(stdout.channel.recv_exit_status(), out, err)
 
+    def check(self, argv: list[str], what: str, timeout: float = 60.0, sudo: bool | None = None) -> str:
+        """run(), raising RemoteError (one line naming the host and `what`) on a non-zero exit."""
+        out = self.run(argv, timeout=timeout, sudo=sudo)
+        if out.code != 0:
+            detail = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or [f"exit code {out.code}"]
+            raise RemoteError(f"host {self.host.name}: {what} failed: {detail[0]}")
+        return out.stdout
+
     def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
         self.client.close()
 
     def __enter__(self) -> "Connection":

@@ -1,4 +1,4 @@
-"""Run an experiment cell by cell on the netns fabric and write results/<experiment>/<run>/.
+"""Run an experiment cell by cell on a fabric (netns by default, or ssh hosts) and write results/<experiment>/<run>/.
 
 Per cell: re-shape the links live (no rebuild between latency cells), calibrate them (RTT per DC pair),
 read the kernel counters of every inter-DC link end, start the ranks, watch them, read the counters
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel
-from testbed.fabric.control import Testbed, bring_up, tear_down
+from testbed.fabric.control import Backend, Testbed, bring_up, tear_down
 from testbed.runner.cells import Cell, plan_cells
 from testbed.runner.ranks import RankGroup, rank_layout
 from testbed.spec.experiment import Experiment, load_experiment
@@ -60,7 +60,7 @@ def manifest(experiment: Experiment, source: Path | None, testbed: Testbed, extr
         "experiment": experiment.name, "experiment_file": str(source) if source else None,
         "experiment_sha256": hashlib.sha256(text.encode()).hexdigest(), "experiment_text": text,
         "description": experiment.description, "git_commit": git_commit(), "versions": versions(),
-        "kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": "netns",
+        "kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
         "shaper": testbed.plan.shaper,
         "links": {end.key: {**end.shaping.params.describe(), "shaper": testbed.plan.shaper,
                             "mechanism": testbed.mechanism(end)}
@@ -129,6 +129,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         outcome = group.watch(timeout, on_tick=(lambda: on_tick(metrics_dir)) if on_tick else None, health=health)
     finally:
         group.close()
+    testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
               "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
@@ -153,7 +154,7 @@ def latest_run(out_root: Path, name: str) -> Path | None:
 
 
 def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
-                   only: str | None = None, progress: Any = None) -> Path:
+                   only: str | None = None, progress: Any = None, backend: Backend = Backend()) -> Path:
     """Run (or resume) an experiment; returns the run directory. Tears the fabric down whatever happens."""
     experiment, topology = load_experiment(path)
     cells = plan_cells(experiment, topology)
@@ -166,7 +167,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     todo = [c for c in cells if not complete(run_dir / "cells" / c.id)]
     if progress:
         progress.start(len(cells), len(cells) - len(todo), run_dir)
-    with fabric(topology, path, prefix, shaper) as testbed:
+    with fabric(topology, path, prefix, shaper, backend) as testbed:
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         for cell in todo:
@@ -183,9 +184,9 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
 
 
 @contextmanager
-def fabric(topology, topology_file: Path, prefix: str, shaper: str) -> Iterator[Testbed]:
+def fabric(topology, topology_file: Path, prefix: str, shaper: str, backend: Backend) -> Iterator[Testbed]:
     """The testbed for a run, torn down whatever happens (also Ctrl-C or a failed cell)."""
-    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=topology_file)
+    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=topology_file, backend=backend)
     try:
         yield testbed
     finally:
@@ -207,7 +208,8 @@ def finish_run(run_dir: Path) -> Path:
 
 
 def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
-                ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None) -> Path:
+                ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None,
+                backend: Backend = Backend()) -> Path:
     """Bring your own workload: run `command` as every rank across the emulated DCs, with the same env,
     logs, counters and manifest as an experiment (one cell named `command`)."""
     from testbed.spec.topology import load_topology
@@ -221,7 +223,7 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
     links = {k: dataclasses.asdict(v) for k, v in base_links(topology).items()}
     cell = Cell("command", "command", {"steps": 0}, links)
     run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
-    with fabric(topology, topology_path, prefix, shaper) as testbed:
+    with fabric(topology, topology_path, prefix, shaper, backend) as testbed:
         atomic_write(run_dir / "manifest.json", json.dumps(
             manifest(experiment, None, testbed, {"command": command}), indent=1))
         if progress:

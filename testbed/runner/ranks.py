@@ -121,8 +121,11 @@ class RankGroup:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    if isinstance(proc, subprocess.Popen):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    else:  # a remote process: it kills its own group
+                        proc.kill()
+                except Exception:  # already gone, or its host unreachable: nothing more to kill from here
                     pass
         for proc in self.procs:
             try:

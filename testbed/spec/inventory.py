@@ -24,6 +24,7 @@ class HostSpec(BaseModel):
     interface: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")  # the interface carrying inter-DC traffic
     sudo: bool = False
     python: str = Field("python3", pattern=r"^[A-Za-z0-9_./+-]+$")
+    workdir: str = Field("/tmp/testbed", pattern=r"^/[A-Za-z0-9_./-]*$")  # testbed's files on the host live below
 
     @field_validator("address")
     @classmethod

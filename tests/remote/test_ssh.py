@@ -7,8 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,49 +15,19 @@ from testbed.fabric.control import bring_up
 from testbed.spec import load_topology
 
 from ..conftest import TOPOLOGIES, run_cli
+from .conftest import keygen, start_hosts
 
 pytestmark = pytest.mark.root
-
-SSHD = "/usr/sbin/sshd"
-
-
-def keygen(path: Path) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
-    return path.with_suffix(".pub").read_text().strip()
 
 
 @pytest.fixture
 def hosts(prefix, tmp_path):
     """Two DCs of one node each, every node running sshd with its own host key; yields a dict of paths."""
     testbed = bring_up(load_topology(TOPOLOGIES / "asymmetric.yaml"), prefix=prefix)
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    client_key = tmp_path / "client"
-    client_pub = keygen(client_key)
-    (tmp_path / "authorized_keys").write_text(client_pub + "\n")
-    known, procs, nodes = [], [], ["east-0", "west-0"]
-    for node in nodes:
-        host_key = tmp_path / f"host-{node}"
-        host_pub = keygen(host_key)
-        config = tmp_path / f"sshd-{node}.conf"
-        config.write_text(f"Port 22\nListenAddress {testbed.plan.node(node).address}\nHostKey {host_key}\n"
-                          f"PidFile {tmp_path}/sshd-{node}.pid\nAuthorizedKeysFile {tmp_path}/authorized_keys\n"
-                          "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-                          "StrictModes no\nUsePAM no\n")
-        procs.append(testbed.fabric.popen(node, [SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
-        known.append(f"{testbed.plan.node(node).address} {' '.join(host_pub.split()[:2])}")
-    (tmp_path / "known_hosts").write_text("\n".join(known) + "\n")
-    inventory = {"dcs": {dc: [{"name": node, "address": testbed.plan.node(node).address, "user": "root",
-                               "key": str(client_key), "interface": "eth0", "python": sys.executable}]
-                         for dc, node in zip(("east", "west"), nodes)}}
-    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inventory))
+    lab = start_hosts(testbed, tmp_path, {"east": ["east-0"], "west": ["west-0"]})
     # The checks run from a node of the emulated network, as a controller inside it would.
-    time.sleep(0.5)
-    yield {"dir": tmp_path, "testbed": testbed, "inventory": tmp_path / "inventory.yaml",
-           "known_hosts": tmp_path / "known_hosts"}
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    yield {"dir": tmp_path, "testbed": testbed, "inventory": lab.inventory, "known_hosts": lab.known_hosts}
+    lab.stop()
 
 
 def check(h: dict, *extra: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,407 @@
+"""The ssh backend: real hosts (a lab rack, cloud VMs) driven over paramiko, behind the same Fabric interface.
+
+`up` ships this package to every host's workdir (SFTP, one archive), runs the plan's tc/iptables commands
+(testbed.plan.hosts) and, without netem, starts a userspace delay line on each receiving host. Everything
+it changes is recorded in the controller's state file before and as it is changed, so `down`, Ctrl-C and
+`clean` (also after a crash of the controller) undo it: processes whose cwd lies in the workdir are killed,
+iptables rules with our comment deleted, our root qdisc removed (the kernel's default comes back), the
+workdir removed.
+
+Ranks and probe agents start as RemoteProcess (Popen-like): only the env contract crosses (PASS_ENV), never
+the controller's whole environment; TESTBED_METRICS_DIR becomes a directory in the host's workdir and
+`fetch_outputs` brings its files back over SFTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import shlex
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from testbed.fabric import cancel
+from testbed.fabric.base import Fabric, FabricError, LinkCounters
+from testbed.fabric.state import FabricState
+from testbed.fabric.state import save as save_state
+from testbed.plan.hosts import ROOT_HANDLE, HostPlan, HostsPlan, build_hosts_plan, class_commands, comment
+from testbed.plan.network import LinkEnd, NetworkPlan
+from testbed.remote.process import RemoteProcess
+from testbed.remote.ssh import Connection, RemoteError
+from testbed.spec.inventory import HostSpec, Inventory
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology
+
+PACKAGE = Path(__file__).resolve().parents[1]
+PASS_ENV = ("TESTBED_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GLOO_",
+            "NCCL_", "OMP_", "PYTHONUNBUFFERED", "TORCH_", "CUDA_VISIBLE_DEVICES")
+DELAY_LINE_START_S = 15.0
+HEALTH_CACHE_S = 2.0
+
+EXTRACT = ("import sys, tarfile\n"
+           "with tarfile.open(sys.argv[1]) as t:\n"
+           "    t.extractall(sys.argv[2], **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))")
+KILL_IN_DIR = r"""
+import os, signal, sys, time
+root = sys.argv[1].rstrip("/")
+def victims():
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                cwd = os.readlink("/proc/%s/cwd" % pid)
+            except OSError:
+                continue
+            if cwd == root or cwd.startswith(root + "/"):
+                out.append(int(pid))
+    return out
+found = victims()
+for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
+    for pid in victims():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    deadline = time.time() + wait
+    while victims() and time.time() < deadline:
+        time.sleep(0.05)
+print(len(found))
+"""
+DELAY_LINE_ALIVE = r"""
+import json, os, sys
+try:
+    status = json.load(open(sys.argv[1]))
+except Exception:
+    status = {}
+pid = status.get("supervisor")
+print("ok" if status.get("ready") and pid and os.path.exists("/proc/%d/status" % pid) else "dead")
+"""
+
+
+def source_archive() -> bytes:
+    """This package's Python sources as a tar.gz (what a host needs to run ranks, probes and delay lines)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(PACKAGE.rglob("*.py")):
+            tar.add(path, arcname=str(Path("testbed") / path.relative_to(PACKAGE)))
+    return buffer.getvalue()
+
+
+class SshFabric(Fabric):
+    """Shaping and processes on inventory hosts; the controller keeps the record of every change."""
+
+    def __init__(self, prefix: str, topology: Topology, inventory: Inventory, inventory_file: Path,
+                 known_hosts: Path, accept_new: bool = False, on_progress: Callable[[str], None] | None = None) -> None:
+        self.prefix, self.topology, self.inventory = prefix, topology, inventory
+        self.inventory_file, self.known_hosts, self.accept_new = inventory_file, known_hosts, accept_new
+        self.hosts_plan: HostsPlan | None = None
+        self.state: FabricState | None = None
+        self._progress = on_progress or (lambda message: None)
+        self._connections: dict[str, Connection] = {}
+        self._outputs: dict[str, set[str]] = {}  # local dir -> hosts that wrote into their copy of it
+        self._health: tuple[float, list[str]] | None = None
+
+    @property
+    def plan(self) -> NetworkPlan | None:
+        return self.hosts_plan.network if self.hosts_plan else None
+
+    def _require(self) -> HostsPlan:
+        if self.hosts_plan is None:
+            raise FabricError("no testbed is up (run `testbed up --backend ssh` first)")
+        return self.hosts_plan
+
+    def connect(self, host: HostSpec) -> Connection:
+        if host.name not in self._connections:
+            self._connections[host.name] = Connection(host, host.key_path(self.inventory_file.parent),
+                                                      self.known_hosts, self.accept_new)
+        return self._connections[host.name]
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+
+    def _record(self, host: str, **values: Any) -> None:
+        assert self.state is not None
+        self.state.backend_state.setdefault("hosts", {}).setdefault(host, {}).update(values)
+        save_state(self.state)
+
+    # --- bring-up ---------------------------------------------------------------------------------
+    def attach(self, plan: HostsPlan, state: FabricState) -> None:
+        self.hosts_plan, self.state = plan, state
+
+    def up(self, plan: HostsPlan, state: FabricState | None = None) -> None:
+        """Prepare and shape every host; on any failure or interrupt, undo what was done and raise."""
+        self.hosts_plan, self.state = plan, state
+        try:
+            archive = source_archive()
+            for item in plan.hosts:
+                cancel.check()
+                self._progress(f"{item.host.name}: shipping code and shaping {item.host.interface}")
+                self._prepare(item, archive)
+                self._shape_host(item)
+            if any(item.delay_line for item in plan.hosts):
+                cancel.check()
+                self._start_delay_lines(plan)
+        except BaseException as error:
+            try:
+                self.down()
+            except FabricError as undo:
+                raise FabricError(f"{error}; and then {undo}") from None
+            if isinstance(error, RemoteError):
+                raise FabricError(str(error)) from None
+            raise
+
+    def _prepare(self, item: HostPlan, archive: bytes) -> None:
+        connection = self.connect(item.host)
+        dev = item.host.interface
+        root = json.loads(connection.check(["tc", "-j", "qdisc", "show", "dev", dev, "root"],
+                                           f"reading the qdisc of {dev}") or "[]")
+        kind, handle = (root[0].get("kind", "?"), root[0].get("handle", "?")) if root else ("none", "0:")
+        if handle == ROOT_HANDLE:
+            raise RemoteError(f"host {item.host.name}: {dev} is already shaped by testbed (root qdisc {handle}); "
+                              "run `testbed clean` with that testbed's prefix first")
+        if handle != "0:":
+            raise RemoteError(f"host {item.host.name}: {dev} has a configured root qdisc ({kind} {handle}); "
+                              "testbed will not replace it: remove it or name another interface")
+        self._record(item.host.name, workdir=item.workdir, interface=dev, root_qdisc_before=f"{kind} {handle}",
+                     changed=[])
+        connection.check(["mkdir", "-p", f"{item.workdir}/src"], "creating the workdir", sudo=False)
+        connection.sftp().putfo(io.BytesIO(archive), f"{item.workdir}/src.tar.gz")
+        connection.check([item.host.python, "-c", EXTRACT, f"{item.workdir}/src.tar.gz", f"{item.workdir}/src"],
+                         "unpacking testbed", sudo=False)
+
+    def _shape_host(self, item: HostPlan) -> None:
+        connection = self.connect(item.host)
+        changed: list[list[str]] = []
+        for argv in item.apply:
+            changed.append(list(argv))
+            self._record(item.host.name, changed=changed)  # recorded before it runs: a crash mid-way is undone
+            connection.check(list(argv), shlex.join(argv[:3]))
+
+    def _delay_files(self, item: HostPlan) -> tuple[str, str, str]:
+        base = f"{item.workdir}/{item.host.name}"
+        return f"{base}.delayline.json", f"{base}.delayline.status", f"{item.workdir}/delayline.log"
+
+    def _write_delay_config(self, item: HostPlan) -> None:
+        config = self._delay_files(item)[0]
+        data = json.dumps([dataclasses.asdict(direction) for direction in item.delay_line])
+        sftp = self.connect(item.host).sftp()
+        with sftp.open(config + ".tmp", "w") as out:
+            out.write(data)
+        sftp.posix_rename(config + ".tmp", config)
+
+    def _start_delay_lines(self, plan: HostsPlan) -> None:
+        started: list[HostPlan] = []
+        for item in plan.hosts:
+            if not item.delay_line:
+                continue
+            self._progress(f"{item.host.name}: starting the userspace delay line")
+            config, _, log = self._delay_files(item)
+            self._write_delay_config(item)
+            proc = RemoteProcess(self.connect(item.host), [item.host.python, "-m", "testbed.fabric.delayline",
+                                                           "supervise", config],
+                                 env={"PYTHONPATH": f"{item.workdir}/src"}, cwd=item.workdir, sudo=item.host.sudo,
+                                 log=log)
+            self._record(item.host.name, delay_line_pid=proc.pid)
+            started.append(item)
+        deadline = time.monotonic() + DELAY_LINE_START_S
+        waiting = list(started)
+        while waiting:
+            cancel.check()
+            for item in list(waiting):
+                if self._delay_status(item).get("ready"):
+                    waiting.remove(item)
+                elif time.monotonic() > deadline or self._delay_line_dead(item, require_ready=False):
+                    log = self._read(item, self._delay_files(item)[2]).strip().splitlines()[-1:]
+                    raise RemoteError(f"host {item.host.name}: delay line did not start: "
+                                      f"{' '.join(log) or 'timed out'}")
+            time.sleep(0.05)
+
+    def _read(self, item: HostPlan, path: str) -> str:
+        try:
+            with self.connect(item.host).sftp().open(path) as src:
+                return src.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _delay_status(self, item: HostPlan) -> dict:
+        try:
+            return json.loads(self._read(item, self._delay_files(item)[1]) or "{}")
+        except ValueError:
+            return {}
+
+    def _delay_line_dead(self, item: HostPlan, require_ready: bool = True) -> bool:
+        host = item.host
+        if require_ready:
+            out = self.connect(host).run([host.python, "-c", DELAY_LINE_ALIVE, self._delay_files(item)[1]])
+            return out.stdout.strip() != "ok"
+        pid = (self.state.backend_state.get("hosts", {}).get(host.name, {}) if self.state else {}).get("delay_line_pid")
+        return pid is None or self.connect(host).run(["kill", "-0", str(pid)], sudo=host.sudo).code != 0
+
+    # --- teardown ---------------------------------------------------------------------------------
+    def down(self) -> None:
+        """Undo every recorded change on every host; hosts that cannot be reached are named in one line."""
+        plan = self._require()
+        recorded = self.state.backend_state.get("hosts", {}) if self.state else {}
+        failed: list[str] = []
+        for item in plan.hosts:
+            if self.state is not None and item.host.name not in recorded:
+                continue  # never touched
+            try:
+                self._undo(item)
+            except RemoteError as error:
+                failed.append(str(error))
+        self.close()
+        if failed:
+            raise FabricError("could not restore every host (the state file is kept; run `testbed clean` again): "
+                              + "; ".join(failed))
+
+    def _undo(self, item: HostPlan) -> None:
+        host, dev = item.host, item.host.interface
+        connection = self.connect(host)
+        connection.check([host.python, "-c", KILL_IN_DIR, item.workdir], "stopping testbed processes")
+        rules = connection.run(["iptables", "-w", "-t", "mangle", "-S", "PREROUTING"])
+        ours = comment(self.prefix)
+        for line in rules.stdout.splitlines() if rules.code == 0 else []:
+            tokens = shlex.split(line)
+            if tokens[:2] != ["-A", "PREROUTING"] or "--comment" not in tokens:
+                continue
+            tag = tokens[tokens.index("--comment") + 1]
+            if tag == ours or tag.startswith(ours + ":"):
+                connection.check(["iptables", "-w", "-t", "mangle", "-D", *tokens[1:]], "removing an iptables rule")
+        root = json.loads(connection.check(["tc", "-j", "qdisc", "show", "dev", dev, "root"],
+                                           f"reading the qdisc of {dev}") or "[]")
+        if root and root[0].get("handle") == ROOT_HANDLE:
+            connection.check(["tc", "qdisc", "del", "dev", dev, "root", "handle", ROOT_HANDLE], "removing the qdisc")
+        if self.prefix in item.workdir:  # never remove a directory we did not name
+            connection.check(["rm", "-rf", "--", item.workdir], "removing the workdir")
+        if self.state is not None:
+            self.state.backend_state.get("hosts", {}).pop(host.name, None)
+            save_state(self.state)
+
+    # --- use --------------------------------------------------------------------------------------
+    def popen(self, node: str, argv: list[str], **kwargs: Any) -> RemoteProcess:
+        """Start argv on the host playing `node` (a node name such as east-0, or the host's inventory name)."""
+        plan = self._require()
+        try:
+            item = plan.host(node)
+        except KeyError as error:
+            raise FabricError(str(error.args[0])) from None
+        argv = [item.host.python, *argv[1:]] if argv and argv[0] == sys.executable else list(argv)
+        env = {key: value for key, value in (kwargs.get("env") or {}).items() if key.startswith(PASS_ENV)}
+        env["PYTHONPATH"] = f"{item.workdir}/src"
+        if "GLOO_SOCKET_IFNAME" in env:
+            env["GLOO_SOCKET_IFNAME"] = item.host.interface
+        run = f"{item.workdir}/run"
+        mkdirs = [run]
+        if "TESTBED_METRICS_DIR" in env:
+            local = env["TESTBED_METRICS_DIR"]
+            env["TESTBED_METRICS_DIR"] = self._remote_dir(item, local)
+            mkdirs.append(env["TESTBED_METRICS_DIR"])
+            self._outputs.setdefault(local, set()).add(item.host.name)
+        try:
+            return RemoteProcess(self.connect(item.host), argv, env=env, cwd=run, mkdirs=tuple(mkdirs),
+                                 stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"), text=kwargs.get("text", False))
+        except RemoteError as error:
+            raise FabricError(str(error)) from None
+
+    @staticmethod
+    def _remote_dir(item: HostPlan, local: str) -> str:
+        return f"{item.workdir}/out/{hashlib.sha1(local.encode()).hexdigest()[:12]}"
+
+    def fetch_outputs(self, local: Path) -> None:
+        """Copy what the hosts wrote into their copy of `local` (metrics files) back into `local`."""
+        plan = self._require()
+        local.mkdir(parents=True, exist_ok=True)
+        for name in sorted(self._outputs.pop(str(local), set())):
+            item = plan.host(name)
+            sftp = self.connect(item.host).sftp()
+            remote = self._remote_dir(item, str(local))
+            for entry in sftp.listdir(remote):
+                sftp.get(f"{remote}/{entry}", str(local / entry))
+
+    def shape(self, key: str, params: LinkParams) -> None:
+        """Change one direction live: `tc change` on the sending hosts, the delay line on the receiving ones."""
+        plan = self._require()
+        assert self.state is not None
+        src, dst = key.split("->")
+        overrides = {**self.state.override_params(), key: params}
+        new = build_hosts_plan(self.topology, self.inventory, plan.network.shaper, self.prefix, overrides,
+                               plan.inventory_file)
+        try:
+            for item in new.hosts:
+                connection = self.connect(item.host)
+                if item.node.dc == src:
+                    for argv in class_commands(item.host.interface, item.classes[dst], params, new.network.shaper,
+                                               verb="change"):
+                        connection.check(argv, f"re-shaping {key}")
+                if item.node.dc == dst and item.delay_line:
+                    self._write_delay_config(item)
+                    pid = self._delay_status(item).get("supervisor")
+                    if not pid or connection.run(["kill", "-HUP", str(pid)], sudo=item.host.sudo).code != 0:
+                        raise RemoteError(f"host {item.host.name}: its delay line is not running; run `testbed up` again")
+        except RemoteError as error:
+            raise FabricError(str(error)) from None
+        self.hosts_plan = new
+
+    def counters(self) -> dict[str, LinkCounters]:
+        """Per direction: bytes/packets/drops of the leaf under each sending host's class for the peer DC,
+        and what the receiving hosts' accounting rules counted arriving from it."""
+        plan = self._require()
+        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.network.link_ends}
+        for item in plan.hosts:
+            connection = self.connect(item.host)
+            qdiscs = json.loads(connection.check(["tc", "-s", "-j", "qdisc", "show", "dev", item.host.interface],
+                                                 "reading tc counters") or "[]")
+            for peer, classid in item.classes.items():
+                for qdisc in qdiscs:
+                    if qdisc.get("parent") == classid:
+                        row = totals[f"{item.node.dc}->{peer}"]
+                        row[0] += qdisc.get("bytes", 0)
+                        row[1] += qdisc.get("packets", 0)
+                        row[4] += qdisc.get("drops", 0)
+            rules = connection.check(["iptables", "-w", "-t", "mangle", "-S", "PREROUTING", "-v"], "reading rule counters")
+            for line in rules.splitlines():
+                tokens = shlex.split(line)
+                if "--comment" in tokens and "-c" in tokens:
+                    tag = tokens[tokens.index("--comment") + 1]
+                    peer = tag.rsplit(":rx:", 1)[1] if tag.startswith(comment(self.prefix) + ":rx:") else None
+                    if peer is not None and f"{peer}->{item.node.dc}" in totals:
+                        at = tokens.index("-c")
+                        row = totals[f"{peer}->{item.node.dc}"]
+                        row[3] += int(tokens[at + 1])
+                        row[2] += int(tokens[at + 2])
+        return {key: LinkCounters(*values) for key, values in totals.items()}
+
+    def status(self) -> dict[str, Any]:
+        plan = self._require()
+        return {"backend": "ssh", "summary": f"{len(plan.hosts)} hosts shaped over SSH",
+                "inventory": str(self.inventory_file),
+                "hosts": [{"node": item.node.name, "host": item.host.name, "address": item.host.address,
+                           "interface": item.host.interface} for item in plan.hosts]}
+
+    def delay_applied(self, end: LinkEnd) -> bool:
+        plan = self._require()
+        if plan.network.shaper == "netem":
+            return True
+        dst = end.key.split("->")[1]
+        dead = set(self.dead_delay_lines())
+        return not any(item.node.dc == dst and item.host.name in dead for item in plan.hosts)
+
+    def dead_delay_lines(self) -> list[str]:
+        """Hosts whose delay line is planned but not running (checked over SSH at most every 2 s)."""
+        plan = self._require()
+        now = time.monotonic()
+        if self._health is None or now - self._health[0] > HEALTH_CACHE_S:
+            try:
+                dead = [item.host.name for item in plan.hosts if item.delay_line and self._delay_line_dead(item)]
+            except RemoteError as error:
+                raise FabricError(str(error)) from None
+            self._health = (now, dead)
+        return list(self._health[1])

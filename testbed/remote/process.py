@@ -1,0 +1,181 @@
+"""A process on a remote host that looks like subprocess.Popen to the runner and the probe.
+
+The remote side is a fixed Python bootstrap (`python -c BOOTSTRAP`, no shell): it reads one JSON line from
+stdin (argv, env, cwd), so the environment never appears on a command line (nor in `ps`), then prints its
+pid and execs argv. sshd makes every non-pty session its own process group, so `kill -- -PID` takes the
+command and its children. With `detach`, the bootstrap double-forks into a new session writing to a log
+file instead (the delay line outlives the SSH session that started it).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from testbed.remote.ssh import Connection, RemoteError
+
+BOOTSTRAP = r"""
+import json, os, sys
+spec = json.loads(sys.stdin.readline())
+env = dict(os.environ)
+env.update(spec["env"])
+for path in spec["mkdirs"]:
+    os.makedirs(path, exist_ok=True)
+os.chdir(spec["cwd"])
+null = os.open(os.devnull, os.O_RDONLY)
+if spec["log"]:
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(w, str(os.getpid()).encode())
+            os.dup2(null, 0); os.dup2(log, 1); os.dup2(log, 2)
+            try:
+                os.execvpe(spec["argv"][0], spec["argv"], env)
+            finally:
+                os._exit(127)
+        os._exit(0)
+    os.close(w)
+    sys.stdout.write("pid %s\n" % os.read(r, 32).decode())
+    sys.exit(0)
+sys.stdout.write("pid %d\n" % os.getpid())
+sys.stdout.flush()
+os.dup2(null, 0)
+os.execvpe(spec["argv"][0], spec["argv"], env)
+"""
+
+
+class _TextReader:
+    """Text lines from a paramiko binary channel file (what Popen(text=True).stdout offers)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def readline(self) -> str:
+        return self._raw.readline().decode(errors="replace")
+
+    def read(self) -> str:
+        return self._raw.read().decode(errors="replace")
+
+
+def _bootstrap_argv(python: str, sudo: bool) -> str:
+    return ("sudo -n " if sudo else "") + shlex.join([python, "-c", BOOTSTRAP])
+
+
+class RemoteProcess:
+    """argv running on `connection`'s host; stdout/stderr: a file (streamed live), PIPE, DEVNULL or None."""
+
+    def __init__(self, connection: Connection, argv: list[str], *, env: dict[str, str], cwd: str,
+                 mkdirs: tuple[str, ...] = (), sudo: bool = False, stdout: Any = None, stderr: Any = None,
+                 text: bool = False, log: str | None = None) -> None:
+        self.connection, self.argv, self.sudo = connection, argv, sudo
+        self.returncode: int | None = None
+        self.stdout: Any = None
+        self.stderr: Any = None
+        self._pumps: list[threading.Thread] = []
+        transport = connection.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {connection.host.name}: the SSH connection is closed")
+        channel = transport.open_session()
+        self.channel = channel
+        if stderr == subprocess.STDOUT:
+            channel.set_combine_stderr(True)
+        channel.exec_command(_bootstrap_argv(connection.host.python, sudo))
+        spec = {"argv": argv, "env": env, "cwd": cwd, "mkdirs": list(mkdirs), "log": log}
+        channel.sendall(json.dumps(spec).encode() + b"\n")
+        channel.shutdown_write()  # the command's stdin is /dev/null
+        first = b""
+        while not first.endswith(b"\n"):
+            byte = channel.recv(1)
+            if not byte:
+                break
+            first += byte
+        if not first.startswith(b"pid ") or not first[4:].strip().isdigit():
+            tail = channel.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines()[-1:]
+            raise RemoteError(f"host {connection.host.name}: could not start {argv[0]}: "
+                              f"{' '.join(tail) or first.decode(errors='replace').strip() or 'no output'}")
+        self.pid = int(first[4:])
+        self._route(stdout, text, err=False)
+        if stderr != subprocess.STDOUT:
+            self._route(stderr, text, err=True)
+
+    def _route(self, target: Any, text: bool, err: bool) -> None:
+        channel = self.channel
+        if target == subprocess.PIPE:
+            raw = channel.makefile_stderr("rb") if err else channel.makefile("rb")
+            setattr(self, "stderr" if err else "stdout", _TextReader(raw) if text else raw)
+            return
+        if target is None:
+            sink: IO[bytes] | None = (sys.stderr if err else sys.stdout).buffer
+        elif target == subprocess.DEVNULL:
+            sink = None
+        else:
+            sink = target
+        receive = channel.recv_stderr if err else channel.recv
+
+        def pump() -> None:
+            while True:
+                data = receive(65536)
+                if not data:
+                    return
+                if sink is not None:
+                    sink.write(data)
+                    sink.flush()
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        self._pumps.append(thread)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.channel.exit_status_ready():
+            code = self.channel.recv_exit_status()
+            for thread in self._pumps:  # the log is complete when poll() reports the exit
+                thread.join(timeout=5)
+            self.returncode = -9 if code == -1 else code  # -1: ended by a signal (no exit status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        results: dict[str, Any] = {}
+        readers = [threading.Thread(target=lambda n=name, s=stream: results.__setitem__(n, s.read()), daemon=True)
+                   for name, stream in (("out", self.stdout), ("err", self.stderr)) if stream is not None]
+        for thread in readers:
+            thread.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in readers:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return results.get("out"), results.get("err")
+
+    def send_signal(self, signal_name: str) -> None:
+        """Signal the remote process group (the command and its children)."""
+        if self.poll() is not None:
+            return
+        out = self.connection.run(["kill", "-s", signal_name, "--", f"-{self.pid}"], sudo=self.sudo)
+        if out.code != 0:
+            self.connection.run(["kill", "-s", signal_name, str(self.pid)], sudo=self.sudo)
+
+    def kill(self) -> None:
+        self.send_signal("KILL")
+
+    def terminate(self) -> None:
+        self.send_signal("TERM")
+
+    def kill_group(self) -> None:
+        self.kill()

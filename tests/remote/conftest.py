@@ -1,0 +1,82 @@
+"""Remote hosts for the SSH tests: sshd inside namespaces this test creates, each with its own host key,
+one client key and known_hosts generated per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from testbed.fabric.control import Testbed
+
+SSHD = "/usr/sbin/sshd"
+
+
+def keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+@dataclass
+class Hosts:
+    """sshd running in `nodes` of a netns testbed; `inventory` groups them into DCs."""
+
+    testbed: Testbed
+    dir: Path
+    inventory: Path
+    known_hosts: Path
+    procs: list = field(default_factory=list)
+
+    def cli(self, node: str, *args: str, env: dict | None = None, timeout: float = 300,
+            background: bool = False) -> subprocess.CompletedProcess | subprocess.Popen:
+        """`testbed ARGS` run from inside `node` (our namespaces are reachable only from there)."""
+        argv = [sys.executable, "-m", "testbed.cli", *args]
+        proc = self.testbed.fabric.popen(node, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env={**os.environ, "COLUMNS": "200", **(env or {})})
+        if background:
+            return proc
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"testbed {' '.join(args)} timed out:\n{out}\n{err}")
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def start_hosts(testbed: Testbed, tmp_path: Path, dcs: dict[str, list[str]], **host_fields) -> Hosts:
+    """Start sshd in every node named in `dcs` (DC name -> nodes) and write inventory and known_hosts."""
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    client_key = tmp_path / "client"
+    (tmp_path / "authorized_keys").write_text(keygen(client_key) + "\n")
+    known, procs = [], []
+    for node in [n for nodes in dcs.values() for n in nodes]:
+        address = testbed.plan.node(node).address
+        host_key = tmp_path / f"host-{node}"
+        host_pub = keygen(host_key)
+        config = tmp_path / f"sshd-{node}.conf"
+        config.write_text(f"Port 22\nListenAddress {address}\nHostKey {host_key}\n"
+                          f"PidFile {tmp_path}/sshd-{node}.pid\nAuthorizedKeysFile {tmp_path}/authorized_keys\n"
+                          "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+                          "StrictModes no\nUsePAM no\nMaxSessions 100\nMaxStartups 100\n"
+                          "Subsystem sftp internal-sftp\n")
+        procs.append(testbed.fabric.popen(node, [SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        known.append(f"{address} {' '.join(host_pub.split()[:2])}")
+    (tmp_path / "known_hosts").write_text("\n".join(known) + "\n")
+    inventory = {"dcs": {dc: [{"name": node, "address": testbed.plan.node(node).address, "user": "root",
+                               "key": str(client_key), "interface": "eth0", "python": sys.executable, **host_fields}
+                              for node in nodes] for dc, nodes in dcs.items()}}
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inventory))
+    time.sleep(0.5)
+    return Hosts(testbed, tmp_path, tmp_path / "inventory.yaml", tmp_path / "known_hosts", procs)
