@@ -66,24 +66,23 @@ def workdir(host: HostSpec, prefix: str) -> str:
 
 def match_inventory(topology: Topology, inventory: Inventory, source: str | None = None) -> list[tuple[Node, HostSpec]]:
     """Hosts in topology order: DC by DC, node i of a DC played by the DC's i-th inventory host."""
-    where = f"{source}: " if source else ""
     names = [dc.name for dc in topology.dcs]
     for dc in inventory.dcs:
         if dc not in names:
-            raise SpecError(f"{where}dcs.{dc}: topology {topology.name} has no DC {dc!r} (DCs: {', '.join(names)})")
+            raise SpecError(source, f"dcs.{dc}", f"topology {topology.name} has no DC {dc!r} (DCs: {', '.join(names)})")
     out: list[tuple[Node, HostSpec]] = []
     for dc_index, dc in enumerate(topology.dcs):
         hosts = inventory.dcs.get(dc.name)
         if hosts is None:
-            raise SpecError(f"{where}dcs: no hosts for DC {dc.name!r} of topology {topology.name}")
+            raise SpecError(source, "dcs", f"no hosts for DC {dc.name!r} of topology {topology.name}")
         if len(hosts) != dc.nodes:
-            raise SpecError(f"{where}dcs.{dc.name}: {len(hosts)} host(s) listed, topology {topology.name} has "
+            raise SpecError(source, f"dcs.{dc.name}", f"{len(hosts)} host(s) listed, topology {topology.name} has "
                             f"{dc.nodes} node(s) in {dc.name}")
         for index, (name, host) in enumerate(zip(dc.node_names(), hosts)):
             out.append((Node(name, dc.name, dc_index, index, host.name, host.address), host))
     addresses = [host.address for _, host in out]
     if len(set(addresses)) != len(addresses):
-        raise SpecError(f"{where}dcs: two hosts share an address; every node needs its own")
+        raise SpecError(source, "dcs", "two hosts share an address; every node needs its own")
     return out
 
 
@@ -94,7 +93,7 @@ def _require_full_mesh(topology: Topology) -> None:
             try:
                 topology.find_link(a, b)
             except KeyError:
-                raise SpecError(f"topology {topology.name}: the ssh backend shapes traffic per peer DC, so every "
+                raise SpecError(topology.name, "links", "the ssh backend shapes traffic per peer DC, so every "
                                 f"pair of DCs needs a direct link (none between {a} and {b})") from None
 
 

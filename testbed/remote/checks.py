@@ -9,9 +9,12 @@ from pathlib import Path
 from testbed.remote.ssh import Connection, RemoteError
 from testbed.spec.inventory import Inventory
 
-NETEM_PROBE = ("import sys,os\n"
-               "names=[l.split()[0] for l in open('/proc/modules')] if os.path.exists('/proc/modules') else []\n"
-               "ok=os.path.isdir('/sys/module/sch_netem') or 'sch_netem' in names\n"
+NETEM_PROBE = ("import os, sys\n"  # loaded, built in, or a module the kernel can load on first use
+               "names = [l.split()[0] for l in open('/proc/modules')] if os.path.exists('/proc/modules') else []\n"
+               "ok = os.path.isdir('/sys/module/sch_netem') or 'sch_netem' in names\n"
+               "for name in ('modules.dep', 'modules.builtin'):\n"
+               "    path = '/lib/modules/%s/%s' % (os.uname().release, name)\n"
+               "    ok = ok or (os.path.exists(path) and 'sch_netem.ko' in open(path).read())\n"
                "sys.stdout.write('yes' if ok else 'no')")
 
 
