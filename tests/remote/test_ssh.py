@@ -92,3 +92,22 @@ def test_bad_inventory_is_one_line(tmp_path, state_dir):
     proc = run_cli("hosts", "check", "--inventory", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {bad}: dcs.east[0].address: expected an IP address, got 'not-an-ip'"
+
+
+def test_up_stops_at_the_check_table_when_a_host_lacks_something(hosts):
+    inventory = yaml.safe_load(hosts["inventory"].read_text())
+    inventory["dcs"]["west"][0]["python"] = "/nonexistent/python3"
+    hosts["inventory"].write_text(yaml.safe_dump(inventory))
+    topology = hosts["dir"] / "pair.yaml"
+    topology.write_text(yaml.safe_dump({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                                        "links": [{"between": ["east", "west"], "latency": "5ms"}]}))
+    argv = [sys.executable, "-m", "testbed.cli", "up", str(topology), "--backend", "ssh",
+            "--inventory", str(hosts["inventory"]), "--known-hosts", str(hosts["known_hosts"]), "--prefix", "tb-ssh-x-"]
+    proc = hosts["testbed"].fabric.popen("east-0", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env={**os.environ, "COLUMNS": "200"})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "west-0" in out and "missing" in out, err  # the table, with what is missing
+    errors = [line for line in err.splitlines() if line.startswith("error")]
+    assert errors == ["error: 1 host(s) not ready: west-0: /nonexistent/python3 not found; torch not importable"]
+    assert not list(hosts["dir"].glob("state/tb-ssh-x*.json"))  # nothing was changed, nothing recorded
