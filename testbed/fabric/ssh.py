@@ -72,17 +72,6 @@ for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
         time.sleep(0.05)
 print(len(found))
 """
-DELAY_LINE_ALIVE = r"""
-import json, os, sys
-try:
-    status = json.load(open(sys.argv[1]))
-except Exception:
-    status = {}
-pid = status.get("supervisor")
-print("ok" if status.get("ready") and pid and os.path.exists("/proc/%d/status" % pid) else "dead")
-"""
-
-
 def source_archive() -> bytes:
     """This package's Python sources as a tar.gz (what a host needs to run ranks, probes and delay lines)."""
     buffer = io.BytesIO()
@@ -217,7 +206,7 @@ class SshFabric(Fabric):
             for item in list(waiting):
                 if self._delay_status(item).get("ready"):
                     waiting.remove(item)
-                elif time.monotonic() > deadline or self._delay_line_dead(item, require_ready=False):
+                elif time.monotonic() > deadline or self._delay_line_dead(item):
                     log = self._read(item, self._delay_files(item)[2]).strip().splitlines()[-1:]
                     raise RemoteError(f"host {item.host.name}: delay line did not start: "
                                       f"{' '.join(log) or 'timed out'}")
@@ -236,13 +225,14 @@ class SshFabric(Fabric):
         except ValueError:
             return {}
 
-    def _delay_line_dead(self, item: HostPlan, require_ready: bool = True) -> bool:
-        host = item.host
-        if require_ready:
-            out = self.connect(host).run([host.python, "-c", DELAY_LINE_ALIVE, self._delay_files(item)[1]])
-            return out.stdout.strip() != "ok"
-        pid = (self.state.backend_state.get("hosts", {}).get(host.name, {}) if self.state else {}).get("delay_line_pid")
-        return pid is None or self.connect(host).run(["kill", "-0", str(pid)], sudo=host.sudo).code != 0
+    def _supervisor_pid(self, item: HostPlan) -> int | None:
+        """The delay-line supervisor started on this host, as recorded in the state."""
+        return (self.state.backend_state.get("hosts", {}).get(item.host.name, {}) if self.state else {}).get(
+            "delay_line_pid")
+
+    def _delay_line_dead(self, item: HostPlan) -> bool:
+        pid = self._supervisor_pid(item)
+        return pid is None or self.connect(item.host).run(["kill", "-0", str(pid)], sudo=item.host.sudo).code != 0
 
     # --- teardown ---------------------------------------------------------------------------------
     def down(self) -> None:
@@ -266,15 +256,8 @@ class SshFabric(Fabric):
         host, dev = item.host, item.host.interface
         connection = self.connect(host)
         connection.check([host.python, "-c", KILL_IN_DIR, item.workdir], "stopping testbed processes")
-        rules = connection.run(["iptables", "-w", "-t", "mangle", "-S", "PREROUTING"])
-        ours = comment(self.prefix)
-        for line in rules.stdout.splitlines() if rules.code == 0 else []:
-            tokens = shlex.split(line)
-            if tokens[:2] != ["-A", "PREROUTING"] or "--comment" not in tokens:
-                continue
-            tag = tokens[tokens.index("--comment") + 1]
-            if tag == ours or tag.startswith(ours + ":"):
-                connection.check(["iptables", "-w", "-t", "mangle", "-D", *tokens[1:]], "removing an iptables rule")
+        for tokens, _ in self._our_rules(connection, required=False):
+            connection.check(["iptables", "-w", "-t", "mangle", "-D", *tokens[1:]], "removing an iptables rule")
         root = json.loads(connection.check(["tc", "-j", "qdisc", "show", "dev", dev, "root"],
                                            f"reading the qdisc of {dev}") or "[]")
         if root and root[0].get("handle") == ROOT_HANDLE:
@@ -284,6 +267,25 @@ class SshFabric(Fabric):
         if self.state is not None:
             self.state.backend_state.get("hosts", {}).pop(host.name, None)
             save_state(self.state)
+
+    def _our_rules(self, connection: Connection, counters: bool = False,
+                   required: bool = True) -> list[tuple[list[str], str]]:
+        """This testbed's mangle PREROUTING rules on a host: (`iptables -S` tokens, comment tag)."""
+        argv = ["iptables", "-w", "-t", "mangle", "-S", "PREROUTING", *(["-v"] if counters else [])]
+        if required:
+            text = connection.check(argv, "reading iptables rules")
+        else:  # undo on a host that may never have had iptables
+            out = connection.run(argv)
+            text = out.stdout if out.code == 0 else ""
+        ours = comment(self.prefix)
+        rules = []
+        for line in text.splitlines():
+            tokens = shlex.split(line)
+            if tokens[:2] == ["-A", "PREROUTING"] and "--comment" in tokens:
+                tag = tokens[tokens.index("--comment") + 1]
+                if tag == ours or tag.startswith(ours + ":"):
+                    rules.append((tokens, tag))
+        return rules
 
     # --- use --------------------------------------------------------------------------------------
     def popen(self, node: str, argv: list[str], **kwargs: Any) -> RemoteProcess:
@@ -343,7 +345,7 @@ class SshFabric(Fabric):
                         connection.check(argv, f"re-shaping {key}")
                 if item.node.dc == dst and item.delay_line:
                     self._write_delay_config(item)
-                    pid = self._delay_status(item).get("supervisor")
+                    pid = self._supervisor_pid(item)
                     if not pid or connection.run(["kill", "-HUP", str(pid)], sudo=item.host.sudo).code != 0:
                         raise RemoteError(f"host {item.host.name}: its delay line is not running; run `testbed up` again")
         except RemoteError as error:
@@ -366,17 +368,13 @@ class SshFabric(Fabric):
                         row[0] += qdisc.get("bytes", 0)
                         row[1] += qdisc.get("packets", 0)
                         row[4] += qdisc.get("drops", 0)
-            rules = connection.check(["iptables", "-w", "-t", "mangle", "-S", "PREROUTING", "-v"], "reading rule counters")
-            for line in rules.splitlines():
-                tokens = shlex.split(line)
-                if "--comment" in tokens and "-c" in tokens:
-                    tag = tokens[tokens.index("--comment") + 1]
-                    peer = tag.rsplit(":rx:", 1)[1] if tag.startswith(comment(self.prefix) + ":rx:") else None
-                    if peer is not None and f"{peer}->{item.node.dc}" in totals:
-                        at = tokens.index("-c")
-                        row = totals[f"{peer}->{item.node.dc}"]
-                        row[3] += int(tokens[at + 1])
-                        row[2] += int(tokens[at + 2])
+            for tokens, tag in self._our_rules(connection, counters=True):
+                peer = tag.rsplit(":rx:", 1)[1] if ":rx:" in tag else None
+                if peer is not None and f"{peer}->{item.node.dc}" in totals:
+                    at = tokens.index("-c")
+                    row = totals[f"{peer}->{item.node.dc}"]
+                    row[3] += int(tokens[at + 1])
+                    row[2] += int(tokens[at + 2])
         return {key: LinkCounters(*values) for key, values in totals.items()}
 
     def status(self) -> dict[str, Any]:
