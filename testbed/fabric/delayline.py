@@ -51,7 +51,7 @@ MAX_SLEEP = 0.002
 
 def assignments(plan: "NetworkPlan") -> dict[str, list[DelayDirection]]:
     """Gateway namespace -> the directions its delay line serves (pure: derived from the plan)."""
-    from testbed.plan.shaping import DelayDirection
+    from testbed.plan.shaping import DelayDirection, delay_line_queue
 
     out: dict[str, list[DelayDirection]] = {}
     for link in plan.links:
@@ -62,12 +62,8 @@ def assignments(plan: "NetworkPlan") -> dict[str, list[DelayDirection]]:
             ns = plan.gateways[dst]
             work = out.setdefault(ns, [])
             work.append(DelayDirection(key, f"to-{src}", len(work), spec.latency, spec.jitter, spec.loss,
-                                       _maxlen(spec)))
+                                       delay_line_queue(spec)))
     return out
-
-
-def _maxlen(spec: "DelayLineSpec") -> int:
-    return max(spec.limit, 4096)
 
 
 def _files(ns: str) -> tuple[Path, Path, Path]:

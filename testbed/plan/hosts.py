@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.network import InterDCLink, LinkEnd, NetworkPlan, Node, direction_key, link_direction_params
-from testbed.plan.shaping import DelayDirection, Shaper, htb_burst, netem_options, plan_shaping, queue_limit
+from testbed.plan.shaping import (DelayDirection, Shaper, Shaping, delay_line_queue, htb_burst, netem_options,
+                                  plan_shaping, queue_limit)
 from testbed.spec.errors import SpecError
 from testbed.spec.inventory import HostSpec, Inventory
 from testbed.spec.link import LinkParams
@@ -146,13 +147,13 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
 
     ends: list[LinkEnd] = []
     links: list[InterDCLink] = []
-    params: dict[tuple[str, str], LinkParams] = {}
+    shaping: dict[tuple[str, str], Shaping] = {}
     for index, link in enumerate(topology.links):
         a, b = link.between
         for src, dst in ((a, b), (b, a)):
-            params[(src, dst)] = link_direction_params(topology, src, dst, overrides)
+            shaping[(src, dst)] = plan_shaping(link_direction_params(topology, src, dst, overrides), shaper)
             ends.append(LinkEnd(direction_key(src, dst), "inter-dc", ",".join(h.name for _, h in by_dc[src]),
-                                f"class {classid[dst]}", plan_shaping(params[(src, dst)], shaper)))
+                                f"class {classid[dst]}", shaping[(src, dst)]))
         links.append(InterDCLink(index, a, b, direction_key(a, b), direction_key(b, a), addresses[a][0],
                                  addresses[b][0]))
 
@@ -163,15 +164,15 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
         delay: list[DelayDirection] = []
         peers = [dc for dc in dc_names if dc != node.dc]
         for peer in peers:
-            apply += class_commands(dev, classid[peer], params[(node.dc, peer)], shaper)
+            apply += class_commands(dev, classid[peer], shaping[(node.dc, peer)].params, shaper)
             for address in addresses[peer]:
                 apply.append(["tc", "filter", "add", "dev", dev, "parent", ROOT_HANDLE, "protocol", "ip", "prio", "1",
                               "u32", "match", "ip", "dst", f"{address}/32", "flowid", classid[peer]])
             apply.append(accounting_rule(dev, addresses[peer], peer, prefix))
-            incoming = params[(peer, node.dc)]
-            if shaper == "userspace-delay":
+            incoming = shaping[(peer, node.dc)].delay_line  # None under netem: the leaf delays
+            if incoming is not None:
                 delay.append(DelayDirection(direction_key(peer, node.dc), dev, len(delay), incoming.latency,
-                                            incoming.jitter, incoming.loss, max(queue_limit(incoming), 4096),
+                                            incoming.jitter, incoming.loss, delay_line_queue(incoming),
                                             addresses[peer], comment(prefix)))
         plans.append(HostPlan(node, host, workdir(host, prefix), tuple(tuple(c) for c in apply), tuple(delay),
                               {peer: classid[peer] for peer in peers}))

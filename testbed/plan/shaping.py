@@ -69,6 +69,14 @@ class DelayLineSpec:
     limit: int
 
 
+DELAY_LINE_QUEUE_MIN = 4096  # packets a delay-line queue holds at least (NFQUEUE's own default is 1024)
+
+
+def delay_line_queue(spec: DelayLineSpec) -> int:
+    """The NFQUEUE length bound for one delayed direction."""
+    return max(spec.limit, DELAY_LINE_QUEUE_MIN)
+
+
 @dataclass(frozen=True)
 class DelayDirection:
     """One direction a delay line serves: packets arriving on `ifname` (from `sources`, if given) go to

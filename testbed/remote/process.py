@@ -3,7 +3,7 @@
 The remote side is a fixed Python bootstrap (`python -c BOOTSTRAP`, no shell): it reads one JSON line from
 stdin (argv, env, cwd), so the environment never appears on a command line (nor in `ps`), then prints its
 pid and execs argv. sshd makes every non-pty session its own process group, so `kill -- -PID` takes the
-command and its children. With `detach`, the bootstrap double-forks into a new session writing to a log
+command and its children. Given a `log` file, the bootstrap double-forks into a new session writing to a log
 file instead (the delay line outlives the SSH session that started it).
 """
 
@@ -176,6 +176,3 @@ class RemoteProcess:
 
     def terminate(self) -> None:
         self.send_signal("TERM")
-
-    def kill_group(self) -> None:
-        self.kill()
