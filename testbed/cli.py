@@ -23,25 +23,33 @@ from testbed.spec.topology import load_topology
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Emulate multi-data-center training: DCs as namespaces, links shaped like DC optical transport.")
-out = Console()
-err = Console(stderr=True)
+out = Console(emoji=False)  # "east-0:up:" is a link name, not an emoji
+err = Console(stderr=True, emoji=False)
 
 PrefixOption = typer.Option(os.environ.get("TESTBED_PREFIX", DEFAULT_PREFIX), "--prefix",
                             help="Name prefix of every kernel object (env TESTBED_PREFIX).")
-BackendOption = typer.Option("netns", "--backend", help="netns (namespaces on this machine) | ssh (inventory hosts)")
+BackendOption = typer.Option("netns", "--backend", help="netns (namespaces on this machine) | docker (containers) "
+                                                      "| ssh (inventory hosts)")
+ImageOption = typer.Option(os.environ.get("TESTBED_IMAGE", "testbed:latest"), "--image",
+                           help="With --backend docker: the image (compose/Dockerfile; env TESTBED_IMAGE).")
+AdoptOption = typer.Option(False, "--adopt", help="With --backend docker: use the containers `docker compose up` "
+                                                  "started from a `testbed compose` file; never remove them.")
 InventoryOption = typer.Option(None, "--inventory", help="With --backend ssh: the inventory YAML file.")
 KnownHostsOption = typer.Option(Path("~/.ssh/known_hosts"), "--known-hosts", help="Host keys to verify against.")
 AcceptNewOption = typer.Option(False, "--accept-new", help="Record unknown host keys (a changed key is still refused).")
 
 
-def _backend(name: str, inventory: Optional[Path], known_hosts: Path, accept_new: bool) -> Any:
+def _backend(name: str, inventory: Optional[Path], known_hosts: Path, accept_new: bool,
+             image: str = "testbed:latest", adopt: bool = False) -> Any:
     from testbed.fabric.control import BACKENDS, Backend
 
     if name not in BACKENDS:
         _fail(f"--backend: expected one of {', '.join(BACKENDS)}, got {name!r}")
     if name == "ssh" and inventory is None:
         _fail("--backend ssh needs --inventory FILE")
-    return Backend(name, inventory, known_hosts, accept_new)
+    if adopt and name != "docker":
+        _fail("--adopt is for --backend docker (containers started by docker compose)")
+    return Backend(name, inventory, known_hosts, accept_new, image, adopt)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -139,13 +147,13 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
        shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
        backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
        known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
-       prefix: str = PrefixOption) -> None:
+       image: str = ImageOption, prefix: str = PrefixOption) -> None:
     """Bring a topology up (namespaces here, or shaping on inventory hosts over SSH); cleans a stale one first."""
     from testbed.plan.shaping import SHAPERS
 
     if shaper not in ("auto", *SHAPERS):
         _fail(f"--shaper: expected auto, netem or userspace-delay, got {shaper!r}")
-    chosen_backend = _backend(backend, inventory, known_hosts, accept_new)
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image)
     spec = _guard(lambda: load_topology(topology))
     if dry_run:
         chosen = "userspace-delay" if shaper == "auto" else shaper
@@ -171,8 +179,10 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
     out.print(f"[green]up[/green] {spec.name}: {len(spec.dcs)} DCs, {nodes} nodes, shaper {testbed.plan.shaper}")
     missing = testbed.plan.not_applied()
     for key, names in missing.items():
-        out.print(f"[yellow]not applied[/yellow] {key}: {', '.join(names)} (no netem on this kernel; "
-                  "the userspace delay line serves inter-DC links only)")
+        why = ("docker: node containers have no capabilities, so intra-DC access links are not shaped"
+               if testbed.state.backend == "docker" else
+               "no netem on this kernel; the userspace delay line serves inter-DC links only")
+        out.print(f"[yellow]not applied[/yellow] {key}: {', '.join(names)} ({why})")
 
 
 @app.command()
@@ -212,7 +222,7 @@ def exec_(node: str = typer.Argument(..., help="Node name, e.g. east-0"),
     from testbed.fabric.control import attach
 
     testbed = _guard(lambda: attach(prefix))
-    if testbed.state.backend == "ssh":
+    if testbed.state.backend != "netns":
         proc = _guard(lambda: testbed.fabric.popen(node, command, env={}))
         raise typer.Exit(proc.wait())
     namespace = _guard(lambda: testbed.fabric._namespace(node))
@@ -280,13 +290,13 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
           shaper: str = typer.Option("auto", help="With TOPOLOGY: auto | netem | userspace-delay"),
           backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
           known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
-          prefix: str = PrefixOption) -> None:
+          image: str = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
     """Measure RTT (p50/p99) and TCP goodput for every DC pair against what is configured."""
     from testbed.fabric.control import attach, bring_up, tear_down
     from testbed.probe.measure import as_records, probe_all
     from testbed.probe.report import probe_table, write_probe_report
 
-    chosen_backend = _backend(backend, inventory, known_hosts, accept_new)
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
     cancel.install()
     own = topology is not None
     try:
@@ -333,12 +343,12 @@ def run(ctx: typer.Context,
         shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
         backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
         known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
-        prefix: str = PrefixOption) -> None:
+        image: str = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
     """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report."""
     from testbed.runner.experiment import run_command, run_experiment
     from testbed.runner.progress import RunProgress
 
-    chosen_backend = _backend(backend, inventory, known_hosts, accept_new)
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
     cancel.install()
     progress = RunProgress(err)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -14,17 +15,21 @@ from testbed.fabric.netns import NetnsFabric, clean, list_namespaces
 from testbed.plan.network import LinkEnd, NetworkPlan, build_plan
 from testbed.spec.topology import Topology, topology_from_data
 
-BACKENDS = ("netns", "ssh")
+BACKENDS = ("netns", "docker", "ssh")
+DEFAULT_IMAGE = os.environ.get("TESTBED_IMAGE", "testbed:latest")
 
 
 @dataclass(frozen=True)
 class Backend:
-    """Which backend builds the testbed and, for ssh, how to reach the hosts."""
+    """Which backend builds the testbed; for ssh, how to reach the hosts; for docker, the image, and whether
+    to adopt the containers docker compose started instead of creating them."""
 
     name: str = "netns"
     inventory: Path | None = None
     known_hosts: Path = Path("~/.ssh/known_hosts")
     accept_new: bool = False
+    image: str = DEFAULT_IMAGE
+    adopt: bool = False
 
 
 @dataclass
@@ -70,6 +75,11 @@ def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_
 
         return bring_up_hosts(topology, prefix=prefix, shaper=shaper, topology_file=topology_file,
                               on_progress=on_progress, backend=backend)
+    if backend.name == "docker":
+        from testbed.fabric.docker_control import bring_up_containers
+
+        return bring_up_containers(topology, prefix=prefix, shaper=shaper, topology_file=topology_file,
+                                   on_progress=on_progress, backend=backend)
     if backend.name != "netns":
         raise FabricError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend.name!r}")
     resolved = resolve_shaper(shaper)
@@ -102,6 +112,11 @@ def attach(prefix: str) -> Testbed:
 
         plan, fabric = attach_hosts(topology, saved)
         return Testbed(topology, plan, fabric, saved)
+    if saved.backend == "docker":
+        from testbed.fabric.docker_control import attach_containers
+
+        plan, fabric = attach_containers(topology, saved)
+        return Testbed(topology, plan, fabric, saved)
     plan = build_plan(topology, saved.shaper, prefix, saved.override_params())
     fabric = NetnsFabric(prefix)
     fabric.attach(plan, saved)
@@ -130,14 +145,21 @@ def _to_units(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def tear_down(prefix: str) -> list[str]:
-    """Remove everything with this prefix, with or without a state file. Hosts of an ssh testbed are
-    restored from the recorded state; if one cannot be reached the state file stays for a later `clean`."""
+    """Remove everything with this prefix, with or without a state file: namespaces, and containers and
+    networks labelled with it (not those docker compose started and a controller adopted: compose removes
+    those). Hosts of an ssh testbed are restored from the recorded state; if one cannot be reached the state
+    file stays for a later `clean`."""
+    from testbed.fabric import containers
+
     removed: list[str] = []
     saved = state_store.load(prefix)
     if saved is not None and saved.backend == "ssh":
         testbed = attach(prefix)
         removed += [f"{host} (ssh)" for host in saved.backend_state.get("hosts", {})]
         testbed.fabric.down()
+    adopted = saved is not None and saved.backend == "docker" and saved.backend_state.get("adopted")
+    if not adopted and containers.engine_available():
+        removed += containers.clean(prefix)
     removed += clean(prefix)
     state_store.remove(prefix)
     delayline.remove_files(prefix)

@@ -73,8 +73,10 @@ def _files(ns: str) -> tuple[Path, Path, Path]:
 
 
 # --- control side (the CLI process) ---------------------------------------------------------------
-def start_all(work: "dict[str, list[DelayDirection]]", timeout: float = 10.0) -> dict[str, int]:
-    """Start one supervisor per gateway, all at once; returns gateway -> pid once every queue is bound."""
+def start_all(work: "dict[str, list[DelayDirection]]", timeout: float = 10.0,
+              in_namespace: bool = True) -> dict[str, int]:
+    """Start one supervisor per gateway, all at once; returns gateway -> pid once every queue is bound.
+    `in_namespace=False`: start it right here (a docker router is its own namespace; `ns` names its files)."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         for ns, items in work.items():
@@ -82,9 +84,10 @@ def start_all(work: "dict[str, list[DelayDirection]]", timeout: float = 10.0) ->
             config.parent.mkdir(parents=True, exist_ok=True)
             config.write_text(json.dumps([asdict(a) for a in items]))
             status.unlink(missing_ok=True)
+            argv = [sys.executable, "-m", "testbed.fabric.delayline", "supervise", str(config)]
             with open(log, "ab") as out:
                 procs[ns] = subprocess.Popen(
-                    nsexec.argv_in(ns, [sys.executable, "-m", "testbed.fabric.delayline", "supervise", str(config)]),
+                    nsexec.argv_in(ns, argv) if in_namespace else argv,
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         waiting = set(procs)

@@ -12,15 +12,15 @@ from contextlib import ExitStack
 from typing import Any, Callable
 
 from pyroute2 import NetlinkError, NetNS, netns
-from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from testbed.fabric import cancel, delayline, nsexec
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.fabric.base import Fabric, FabricError, LinkCounters
 from testbed.fabric.procs import alive
+from testbed.fabric.tc import add_tree, change_tree, interface_counters
 from testbed.plan.network import LinkEnd, NetworkPlan
-from testbed.plan.shaping import ROOT, DelayLineSpec, TcObject, plan_shaping
+from testbed.plan.shaping import DelayLineSpec, plan_shaping
 from testbed.spec.link import LinkParams
 
 NODE_SYSCTLS = {
@@ -92,15 +92,6 @@ def clean(prefix: str) -> list[str]:
     return names
 
 
-def _tc_call(ns: NetNS, command: str, obj: TcObject, index: int) -> None:
-    kwargs: dict[str, Any] = dict(obj.options)
-    kwargs["handle"] = obj.handle
-    if obj.parent != ROOT:
-        kwargs["parent"] = obj.parent
-    verb = command if obj.what == "qdisc" else f"{command}-class"
-    ns.tc(verb, obj.kind, index=index, **kwargs)
-
-
 class NetnsFabric(Fabric):
     """Namespaces + veth + bridge per DC + gateway per DC, shaped with tc (and the userspace delay line)."""
 
@@ -165,8 +156,7 @@ class NetnsFabric(Fabric):
             self._progress(f"shaping {len(plan.link_ends)} link ends ({plan.shaper})")
             for end in plan.link_ends:
                 cancel.check()
-                for obj in end.shaping.tc:
-                    _tc_call(handles[end.ns], "add", obj, indexes[(end.ns, end.ifname)])
+                add_tree(handles[end.ns], indexes[(end.ns, end.ifname)], end.shaping)
 
     def _start_delay_lines(self, plan: NetworkPlan) -> None:
         by_gateway = delayline.assignments(plan)
@@ -232,28 +222,14 @@ class NetnsFabric(Fabric):
         new = plan_shaping(params, plan.shaper, delay_line=end.kind == "inter-dc")
         if new.delay_line is not None:
             self._reshape_delay_line(key, new.delay_line)
-        old_kinds = [(o.what, o.kind, o.handle) for o in end.shaping.tc]
-        new_kinds = [(o.what, o.kind, o.handle) for o in new.tc]
         try:
-            self._change_tc(end, new, old_kinds == new_kinds)
+            with NetNS(end.ns) as ns:
+                change_tree(ns, ns.link_lookup(ifname=end.ifname)[0], end.shaping, new)
         except NetlinkError as error:
             raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
         # keep the plan true to the kernel, so a later shape/counters/status sees what is applied
         self.plan = dataclasses.replace(plan, link_ends=tuple(
             dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
-
-    def _change_tc(self, end: LinkEnd, new, same_tree: bool) -> None:
-        with NetNS(end.ns) as ns:
-            index = ns.link_lookup(ifname=end.ifname)[0]
-            if same_tree:
-                for obj in new.tc:
-                    if obj.kind != "htb" or obj.what == "class":  # the root htb qdisc has nothing to change
-                        _tc_call(ns, "change", obj, index)
-            else:  # the tree's shape changes (e.g. a rate appears on an unshaped link): rebuild it
-                if end.shaping.tc:
-                    ns.tc("del", index=index, handle=end.shaping.tc[0].handle, parent=TC_H_ROOT)
-                for obj in new.tc:
-                    _tc_call(ns, "add", obj, index)
 
     def counters(self) -> dict[str, LinkCounters]:
         """Interface and qdisc counters of every shaped link end, keyed like the plan."""
@@ -265,12 +241,7 @@ class NetnsFabric(Fabric):
         for name, ends in by_ns.items():
             with NetNS(name) as ns:
                 for end in ends:
-                    link = ns.get_links(ns.link_lookup(ifname=end.ifname)[0])[0]
-                    stats = link.get_attr("IFLA_STATS64")
-                    drops = sum((q.get_attr("TCA_STATS2") or {}).get_attr("TCA_STATS_QUEUE")["drops"]
-                                for q in ns.get_qdiscs(index=link["index"]) if q.get_attr("TCA_STATS2"))
-                    out[end.key] = LinkCounters(stats["tx_bytes"], stats["tx_packets"], stats["rx_bytes"],
-                                                stats["rx_packets"], drops)
+                    out[end.key] = interface_counters(ns, end.ifname)
         return out
 
     def status(self) -> dict[str, Any]:

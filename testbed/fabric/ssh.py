@@ -20,13 +20,13 @@ import io
 import json
 import shlex
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from testbed.fabric import cancel
 from testbed.fabric.base import Fabric, FabricError, LinkCounters
+from testbed.fabric.shipping import pass_env, source_archive
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.plan.hosts import ROOT_HANDLE, HostPlan, HostsPlan, build_hosts_plan, class_commands, comment
@@ -37,9 +37,6 @@ from testbed.spec.inventory import HostSpec, Inventory
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
-PACKAGE = Path(__file__).resolve().parents[1]
-PASS_ENV = ("TESTBED_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GLOO_",
-            "NCCL_", "OMP_", "PYTHONUNBUFFERED", "TORCH_", "CUDA_VISIBLE_DEVICES")
 DELAY_LINE_START_S = 15.0
 HEALTH_CACHE_S = 2.0
 
@@ -72,15 +69,6 @@ for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
         time.sleep(0.05)
 print(len(found))
 """
-def source_archive() -> bytes:
-    """This package's Python sources as a tar.gz (what a host needs to run ranks, probes and delay lines)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for path in sorted(PACKAGE.rglob("*.py")):
-            tar.add(path, arcname=str(Path("testbed") / path.relative_to(PACKAGE)))
-    return buffer.getvalue()
-
-
 class SshFabric(Fabric):
     """Shaping and processes on inventory hosts; the controller keeps the record of every change."""
 
@@ -296,7 +284,7 @@ class SshFabric(Fabric):
         except KeyError as error:
             raise FabricError(str(error.args[0])) from None
         argv = [item.host.python, *argv[1:]] if argv and argv[0] == sys.executable else list(argv)
-        env = {key: value for key, value in (kwargs.get("env") or {}).items() if key.startswith(PASS_ENV)}
+        env = pass_env(kwargs.get("env"))
         env["PYTHONPATH"] = f"{item.workdir}/src"
         if "GLOO_SOCKET_IFNAME" in env:
             env["GLOO_SOCKET_IFNAME"] = item.host.interface

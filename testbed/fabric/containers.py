@@ -1,0 +1,324 @@
+"""The docker backend: nodes and DC routers as containers (testbed.plan.containers), driven through the
+docker SDK behind the same Fabric interface as netns and ssh.
+
+`up` creates the networks and containers (labelled `testbed=<prefix>`), ships this package's sources
+into each one (so containers run the controller's code, whatever the image's copy), starts them and waits
+for every router to report ready; the shaper is the one the routers resolved on the docker host's kernel.
+`adopt` takes over containers that `docker compose up` started from a generated compose file instead,
+and never removes them. Ranks and probes start with exec (DockerProcess); live `shape` and counters are
+execs of the router agent; metrics files come back with get_archive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from testbed.fabric import cancel
+from testbed.fabric.base import Fabric, FabricError, LinkCounters
+from testbed.fabric.docker_process import DockerProcess, ExecError
+from testbed.fabric.shipping import pass_env, source_archive
+from testbed.fabric.state import FabricState
+from testbed.fabric.state import save as save_state
+from testbed.plan.containers import (LABEL, LABEL_DC, LABEL_NODE, LABEL_ROLE, NETWORK_OPTIONS, ContainersPlan,
+                                     ContainerSpec)
+from testbed.plan.network import LinkEnd, NetworkPlan, build_plan
+from testbed.plan.shaping import Shaping
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology
+
+LIVE_CODE = "/opt/testbed-live"  # where `up` puts the controller's sources in every container
+WORKDIR = "/tmp/testbed"
+READY_TIMEOUT_S = 60.0
+HEALTH_CACHE_S = 2.0
+
+
+def docker_client(timeout: int = 120) -> Any:
+    """The docker engine named by the environment (DOCKER_HOST, or the local socket)."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout, max_pool_size=64)
+        client.ping()
+    except Exception as error:  # docker.errors.DockerException and connection errors alike
+        raise FabricError(f"docker: no engine answers ({error}); start dockerd or Docker Desktop") from None
+    return client
+
+
+def docker_network_plan(topology: Topology, shaper: str, prefix: str,
+                        overrides: dict[str, LinkParams] | None = None) -> NetworkPlan:
+    """The netns plan's nodes, addresses and inter-DC link ends; intra-DC access links stay unshaped here
+    (capless node containers cannot shape their own interfaces), and say so."""
+    plan = build_plan(topology, shaper, prefix, overrides)
+    ends = []
+    for end in plan.link_ends:
+        if end.kind == "access":
+            params = end.shaping.params
+            missing = tuple(name for name, set_ in (("bandwidth", params.bandwidth is not None),
+                                                    ("latency", params.latency > 0), ("jitter", params.jitter > 0),
+                                                    ("loss", params.loss > 0)) if set_)
+            end = dataclasses.replace(end, shaping=Shaping(end.shaping.shaper, params, (), None, missing))
+        ends.append(end)
+    return dataclasses.replace(plan, link_ends=tuple(ends))
+
+
+def clean(prefix: str) -> list[str]:
+    """Remove every container and network labelled `testbed=<prefix>`; nothing when no engine answers."""
+    try:
+        client = docker_client(timeout=30)
+    except FabricError:
+        return []
+    removed: list[str] = []
+    try:
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"}):
+            container.remove(force=True)
+            removed.append(f"{container.name} (container)")
+        for network in client.networks.list(filters={"label": f"{LABEL}={prefix}"}):
+            network.remove()
+            removed.append(f"{network.name} (network)")
+    finally:
+        client.close()
+    return removed
+
+
+def engine_available() -> bool:
+    """Whether a docker engine is configured here at all (cheap: no connection for netns-only machines)."""
+    import os
+
+    return bool(os.environ.get("DOCKER_HOST")) or Path("/var/run/docker.sock").exists()
+
+
+class DockerFabric(Fabric):
+    """Containers on one docker engine; the controller keeps its record in the state file like the others."""
+
+    def __init__(self, prefix: str, topology: Topology, image: str, adopted: bool = False,
+                 on_progress: Callable[[str], None] | None = None) -> None:
+        self.prefix, self.topology, self.image, self.adopted = prefix, topology, image, adopted
+        self.plan: NetworkPlan | None = None
+        self.state: FabricState | None = None
+        self._progress = on_progress or (lambda message: None)
+        self.client = docker_client()
+        self._outputs: dict[str, set[str]] = {}  # local dir -> containers that wrote into their copy of it
+        self._health: tuple[float, list[str]] | None = None
+
+    # --- bring-up ---------------------------------------------------------------------------------
+    def up(self, plan: ContainersPlan, state: FabricState | None = None) -> None:
+        """Create, fill and start every network and container; on any failure or interrupt remove them."""
+        self.state = state
+        try:
+            self._create(plan)
+            self._ready(plan)
+        except BaseException as error:
+            self.down()
+            if type(error).__module__.startswith(("docker", "requests")):
+                raise FabricError(f"docker: {error}") from None
+            raise
+
+    def _create(self, plan: ContainersPlan) -> None:
+        from docker.types import IPAMConfig, IPAMPool
+
+        self._progress(f"creating {len(plan.networks)} docker networks")
+        networks = {}
+        for net in plan.networks:
+            cancel.check()
+            networks[net.name] = self.client.networks.create(
+                net.name, driver="bridge", options=NETWORK_OPTIONS, labels={LABEL: plan.prefix, LABEL_ROLE: net.role},
+                ipam=IPAMConfig(pool_configs=[IPAMPool(subnet=net.subnet, gateway=net.gateway)]))
+        archive = source_archive(top=f"{Path(LIVE_CODE).name}/testbed")
+        self._progress(f"creating {len(plan.containers)} containers from {self.image}")
+        created = []
+        for spec in plan.containers:
+            cancel.check()
+            created.append(self._create_container(plan, spec, networks, archive))
+        for container in created:
+            container.start()
+
+    def _create_container(self, plan: ContainersPlan, spec: ContainerSpec, networks: dict, archive: bytes) -> Any:
+        first, *rest = spec.attachments
+        healthcheck = {"test": list(spec.healthcheck), "interval": 200_000_000, "timeout": 5_000_000_000,
+                       "retries": 300} if spec.healthcheck else None
+        container = self.client.containers.create(
+            self.image, list(spec.command), name=plan.container_name(spec), hostname=spec.service,
+            labels=spec.labels(plan.prefix), environment={**spec.environment, "PYTHONPATH": LIVE_CODE},
+            cap_add=list(spec.cap_add) or None, sysctls=spec.sysctls, extra_hosts=spec.extra_hosts or None,
+            healthcheck=healthcheck, network=first.network, detach=True,
+            networking_config={first.network: self.client.api.create_endpoint_config(ipv4_address=first.address)})
+        for attachment in rest:
+            networks[attachment.network].connect(container, ipv4_address=attachment.address)
+        container.put_archive(str(Path(LIVE_CODE).parent), archive)
+        return container
+
+    def adopt(self, plan: ContainersPlan, state: FabricState | None = None) -> None:
+        """Use containers that docker compose started from a generated file (never removed by us)."""
+        self.state = state
+        found = self._containers()
+        missing = [plan.container_name(c) for c in plan.containers
+                   if c.service not in {self._service(x) for x in found.values()}]
+        if missing:
+            raise FabricError(f"docker: no container with label {LABEL}={self.prefix} for {', '.join(missing)}; "
+                              "is the compose file generated from this topology (`testbed compose`)?")
+        self._ready(plan)
+
+    def _ready(self, plan: ContainersPlan) -> None:
+        """Wait for every router's readiness, then take the shaper the routers resolved."""
+        self._progress("waiting for the DC routers")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        waiting = {c.service for c in plan.routers()}
+        while waiting:
+            cancel.check()
+            for name in sorted(waiting):
+                container = self._container(name)
+                container.reload()
+                health = container.attrs["State"].get("Health", {}).get("Status")
+                if health == "healthy":
+                    waiting.discard(name)
+                elif container.status in ("exited", "dead") or time.monotonic() > deadline:
+                    logs = container.logs(tail=5).decode(errors="replace").strip().splitlines()
+                    raise FabricError(f"docker: router {name} did not come up ({container.status}): "
+                                      f"{' | '.join(logs[-3:]) or 'no output'}")
+            time.sleep(0.2)
+        shapers = {self._router_state(c.dc)["shaper"] for c in plan.routers()}
+        if len(shapers) != 1:
+            raise FabricError(f"docker: the routers resolved different shapers ({', '.join(sorted(shapers))})")
+        shaper = shapers.pop()
+        overrides = self.state.override_params() if self.state else {}
+        self.plan = docker_network_plan(self.topology, shaper, self.prefix, overrides)
+        if self.state is not None:
+            self.state.shaper = shaper
+            save_state(self.state)
+
+    def attach(self, plan: NetworkPlan, state: FabricState) -> None:
+        self.plan, self.state = plan, state
+
+    # --- containers -------------------------------------------------------------------------------
+    def _containers(self) -> dict[str, Any]:
+        """This testbed's containers by name."""
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.prefix}"})
+        return {c.name: c for c in found}
+
+    @staticmethod
+    def _service(container: Any) -> str:
+        labels = container.labels
+        return labels.get(LABEL_NODE) or f"{labels.get(LABEL_DC)}-gw"
+
+    def _container(self, service: str) -> Any:
+        """A node (`east-0`) or router (`east-gw`) container, whatever name docker or compose gave it."""
+        for container in self._containers().values():
+            if self._service(container) == service and container.labels.get(LABEL_ROLE) in ("node", "router"):
+                return container
+        names = ", ".join(n.name for n in self.plan.nodes) if self.plan else "?"
+        raise FabricError(f"no node named {service!r} in docker testbed {self.prefix!r} (nodes: {names})")
+
+    def _router_exec(self, dc: str, argv: list[str], what: str) -> str:
+        code, output = self._container(f"{dc}-gw").exec_run(argv)
+        text = output.decode(errors="replace")
+        if code != 0:
+            raise FabricError(f"docker: {what} in router {dc}-gw failed: {text.strip().splitlines()[-1:] or code}")
+        return text
+
+    def _router_state(self, dc: str) -> dict:
+        return json.loads(self._router_exec(dc, ["cat", "/run/testbed/router.json"], "reading the router state"))
+
+    # --- teardown ---------------------------------------------------------------------------------
+    def down(self) -> None:
+        if not self.adopted:
+            clean(self.prefix)
+
+    # --- use --------------------------------------------------------------------------------------
+    def popen(self, node: str, argv: list[str], **kwargs: Any) -> DockerProcess:
+        """Start argv in the container playing `node` (east-0), or in a router (east-gw)."""
+        container = self._container(node)
+        argv = ["python", *argv[1:]] if argv and argv[0] == sys.executable else list(argv)
+        env = pass_env(kwargs.get("env"))
+        mkdirs: tuple[str, ...] = ()
+        if "TESTBED_METRICS_DIR" in env:
+            local = env["TESTBED_METRICS_DIR"]
+            env["TESTBED_METRICS_DIR"] = self._remote_dir(local)
+            mkdirs = (env["TESTBED_METRICS_DIR"],)
+            self._outputs.setdefault(local, set()).add(node)
+        try:
+            return DockerProcess(self.client.api, container.id, argv, env=env, cwd=f"{WORKDIR}/run", mkdirs=mkdirs,
+                                 stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),
+                                 text=kwargs.get("text", False))
+        except ExecError as error:
+            raise FabricError(str(error)) from None
+
+    @staticmethod
+    def _remote_dir(local: str) -> str:
+        return f"{WORKDIR}/out/{hashlib.sha1(local.encode()).hexdigest()[:12]}"
+
+    def fetch_outputs(self, local: Path) -> None:
+        """Copy what the containers wrote into their copy of `local` (metrics files) back into `local`."""
+        local.mkdir(parents=True, exist_ok=True)
+        for node in sorted(self._outputs.pop(str(local), set())):
+            try:
+                chunks, _ = self._container(node).get_archive(self._remote_dir(str(local)))
+            except Exception as error:  # the rank never created it (died early): nothing to fetch
+                if type(error).__name__ == "NotFound":
+                    continue
+                raise
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                for member in tar.getmembers():
+                    if member.isfile():
+                        source = tar.extractfile(member)
+                        if source is not None:
+                            (local / Path(member.name).name).write_bytes(source.read())
+
+    def shape(self, key: str, params: LinkParams) -> None:
+        """Change one direction live: the sending router changes its tc tree, the receiving one its delay line."""
+        plan = self._require()
+        end = plan.link_end(key)
+        src, dst = key.split("->")
+        payload = json.dumps(dataclasses.asdict(params))
+        for dc in (src, dst):
+            self._router_exec(dc, ["python", "-m", "testbed.fabric.router", "shape", key, payload], f"re-shaping {key}")
+        new = docker_network_plan(self.topology, plan.shaper, self.prefix, {key: params}).link_end(key)
+        self.plan = dataclasses.replace(plan, link_ends=tuple(
+            dataclasses.replace(e, shaping=new.shaping) if e.key == end.key else e for e in plan.link_ends))
+
+    def counters(self) -> dict[str, LinkCounters]:
+        """Interface and qdisc counters of every router's egress link ends (one exec per router)."""
+        out: dict[str, LinkCounters] = {}
+        for dc in self.topology.dcs:
+            data = json.loads(self._router_exec(dc.name, ["python", "-m", "testbed.fabric.router", "counters"],
+                                                "reading counters"))
+            out.update({key: LinkCounters(**value) for key, value in data.items()})
+        return out
+
+    def status(self) -> dict[str, Any]:
+        plan = self._require()
+        containers = self._containers()
+        running = sum(c.status == "running" for c in containers.values())
+        planned = len(plan.nodes) + len(self.topology.dcs)
+        return {"backend": "docker", "image": self.image, "adopted": self.adopted, "containers_running": running,
+                "containers_planned": planned, "summary": f"{running}/{planned} containers running"
+                + (" (started by docker compose)" if self.adopted else "")}
+
+    def delay_applied(self, end: LinkEnd) -> bool:
+        dst = end.key.split("->")[1] if "->" in end.key else None
+        if dst is None:
+            return not end.shaping.not_applied
+        return f"{dst}-gw" not in self.dead_delay_lines()
+
+    def dead_delay_lines(self) -> list[str]:
+        """Routers that are not running: their links are dark (a router exits when its delay line dies)."""
+        now = time.monotonic()
+        if self._health is None or now - self._health[0] > HEALTH_CACHE_S:
+            containers = {self._service(c): c for c in self._containers().values()
+                          if c.labels.get(LABEL_ROLE) == "router"}
+            dead = sorted(f"{dc.name}-gw" for dc in self.topology.dcs
+                          if f"{dc.name}-gw" not in containers or containers[f"{dc.name}-gw"].status != "running")
+            self._health = (now, dead)
+        return list(self._health[1])
+
+    def _require(self) -> NetworkPlan:
+        if self.plan is None:
+            raise FabricError("no testbed is up (run `testbed up --backend docker` first)")
+        return self.plan

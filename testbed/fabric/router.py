@@ -1,0 +1,187 @@
+"""What runs inside the docker backend's containers: `python -m testbed.fabric.router COMMAND`.
+
+  serve     a DC router's main process: read the configuration (env TESTBED_ROUTER, from
+            testbed.plan.containers), name interfaces by their address (`lan`, `to-<peer>`: docker attaches
+            networks in its own order), claim the DC gateway address, route to the other DCs, shape every
+            egress link end (netem where this kernel has it, else htb + the userspace delay line on
+            ingress, as in the netns backend), then mark itself ready and keep the delay line running. If
+            the delay line dies the router exits: its links go dark and the harness sees a stopped router.
+  shape KEY PARAMS_JSON   change one direction live (exec'd by the harness)
+  counters  the egress link ends' counters, JSON
+  idle      what a node container runs: nothing, until it is stopped
+Shared state lives in /run/testbed (router.json: the resolved shaper and the parameters applied now).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from testbed.atomic import write_text
+from testbed.plan.containers import ROUTER_ENV, ROUTER_READY
+from testbed.spec.link import LinkParams
+
+STATE = Path("/run/testbed/router.json")
+DELAY_LINE = "router"  # names the delay line's files in TESTBED_STATE_DIR
+
+
+def _config() -> dict:
+    return json.loads(os.environ[ROUTER_ENV])
+
+
+def netem_here(ipr) -> bool:
+    """Whether this kernel has sch_netem: try one on this container's loopback."""
+    from pyroute2 import NetlinkError
+
+    try:
+        ipr.tc("add", "netem", index=1, handle=0x10000, delay=1000)
+    except NetlinkError:
+        return False
+    ipr.tc("del", index=1, handle=0x10000)
+    return True
+
+
+def _resolve(requested: str, ipr) -> str:
+    if requested == "auto":
+        return "netem" if netem_here(ipr) else "userspace-delay"
+    if requested == "netem" and not netem_here(ipr):
+        raise SystemExit("router: shaper netem requested but this kernel has no sch_netem")
+    return requested
+
+
+def _name_interfaces(ipr, names: dict[str, str]) -> dict[str, int]:
+    """Rename every interface that holds one of `names`' addresses; returns name -> index."""
+    found: dict[str, int] = {}
+    for addr in ipr.get_addr(family=2):
+        wanted = names.get(addr.get_attr("IFA_ADDRESS"))
+        if wanted is None:
+            continue
+        index = addr["index"]
+        current = ipr.get_links(index)[0].get_attr("IFLA_IFNAME")
+        if current != wanted:
+            ipr.link("set", index=index, state="down")
+            ipr.link("set", index=index, ifname=wanted)
+        ipr.link("set", index=index, state="up")
+        found[wanted] = index
+    missing = sorted(set(names.values()) - set(found))
+    if missing:
+        raise SystemExit(f"router: no interface holds the address planned for {', '.join(missing)}")
+    return found
+
+
+def _delay_work(config: dict, shaper: str) -> list:
+    from testbed.plan.shaping import DelayDirection, delay_line_queue, plan_shaping
+
+    work = []
+    for item in config["ingress"]:
+        line = plan_shaping(LinkParams(**item["params"]), shaper).delay_line
+        if line is not None:
+            work.append(DelayDirection(item["key"], item["ifname"], len(work), line.latency, line.jitter, line.loss,
+                                       delay_line_queue(line), comment=f"testbed:{config['prefix']}"))
+    return work
+
+
+def serve() -> int:
+    from pyroute2 import IPRoute
+
+    from testbed.fabric import delayline
+    from testbed.fabric.tc import add_tree
+    from testbed.plan.shaping import plan_shaping
+
+    config = _config()
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))  # PID 1 has no default handlers
+    signal.signal(signal.SIGINT, lambda *_: stop.update(flag=True))
+    with IPRoute() as ipr:
+        shaper = _resolve(config["shaper"], ipr)
+        index = _name_interfaces(ipr, config["interfaces"])
+        address, prefixlen = config["gateway"].split("/")
+        ipr.addr("add", index=index["lan"], address=address, prefixlen=int(prefixlen))
+        for route in ipr.get_routes(family=2, dst_len=0):  # docker's default route points at ourselves
+            ipr.route("del", dst="0.0.0.0/0", gateway=route.get_attr("RTA_GATEWAY"))
+        for route in config["routes"]:
+            ipr.route("add", dst=route["dst"], gateway=route["via"])
+        for end in config["egress"]:
+            add_tree(ipr, index[end["ifname"]], plan_shaping(LinkParams(**end["params"]), shaper))
+    work = _delay_work(config, shaper)
+    pid = delayline.start_all({DELAY_LINE: work}, in_namespace=False)[DELAY_LINE] if work else None
+    write_text(STATE, json.dumps({"shaper": shaper, "delay_line": pid, "params": {
+        item["key"]: item["params"] for item in config["egress"] + config["ingress"]}}))
+    Path(ROUTER_READY).touch()
+    print(f"router {config['dc']}: ready, shaper {shaper}, {len(config['egress'])} links", flush=True)
+    while not stop["flag"]:
+        if pid is not None and _reaped(pid):
+            print(f"router {config['dc']}: the delay line died; its links are dark", flush=True)
+            return 1
+        time.sleep(0.2)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+    return 0
+
+
+def _reaped(pid: int) -> bool:
+    """Whether our child `pid` has ended (reaping it)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == pid
+
+
+def shape(key: str, params_json: str) -> int:
+    """Change direction `key` live: `tc change` where it leaves this router, the delay line where it enters."""
+    from pyroute2 import IPRoute
+
+    from testbed.fabric import delayline
+    from testbed.fabric.tc import change_tree
+    from testbed.plan.shaping import plan_shaping
+
+    config, state = _config(), json.loads(STATE.read_text())
+    params = LinkParams(**json.loads(params_json))
+    old = LinkParams(**state["params"][key])
+    shaper = state["shaper"]
+    for end in config["egress"]:
+        if end["key"] == key:
+            with IPRoute() as ipr:
+                change_tree(ipr, ipr.link_lookup(ifname=end["ifname"])[0], plan_shaping(old, shaper),
+                            plan_shaping(params, shaper))
+    line = plan_shaping(params, shaper).delay_line
+    if line is not None and any(item["key"] == key for item in config["ingress"]):
+        delayline.reconfigure(DELAY_LINE, key, line)
+    state["params"][key] = asdict(params)
+    write_text(STATE, json.dumps(state))
+    return 0
+
+
+def counters() -> int:
+    from pyroute2 import IPRoute
+
+    from testbed.fabric.tc import interface_counters
+
+    with IPRoute() as ipr:
+        print(json.dumps({end["key"]: asdict(interface_counters(ipr, end["ifname"])) for end in _config()["egress"]}))
+    return 0
+
+
+def idle() -> int:
+    """A node container's main process: wait to be stopped (PID 1 must handle SIGTERM itself)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+def main(argv: list[str]) -> int:
+    commands = {"serve": serve, "shape": shape, "counters": counters, "idle": idle}
+    if not argv or argv[0] not in commands:
+        print(f"usage: python -m testbed.fabric.router {'|'.join(commands)} [ARGS]", file=sys.stderr)
+        return 2
+    return commands[argv[0]](*argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

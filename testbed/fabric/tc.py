@@ -1,0 +1,48 @@
+"""Apply a plan's tc objects through any pyroute2 handle (NetNS for the netns backend, IPRoute inside a
+docker router): add a tree, change it live, read an interface's counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyroute2.netlink.rtnl import TC_H_ROOT
+
+from testbed.fabric.base import LinkCounters
+from testbed.plan.shaping import ROOT, Shaping, TcObject
+
+
+def tc_call(handle: Any, command: str, obj: TcObject, index: int) -> None:
+    """One `tc qdisc|class add|change` of a planned object on interface `index`."""
+    kwargs: dict[str, Any] = dict(obj.options)
+    kwargs["handle"] = obj.handle
+    if obj.parent != ROOT:
+        kwargs["parent"] = obj.parent
+    verb = command if obj.what == "qdisc" else f"{command}-class"
+    handle.tc(verb, obj.kind, index=index, **kwargs)
+
+
+def add_tree(handle: Any, index: int, shaping: Shaping) -> None:
+    for obj in shaping.tc:
+        tc_call(handle, "add", obj, index)
+
+
+def change_tree(handle: Any, index: int, old: Shaping, new: Shaping) -> None:
+    """`tc change` in place when the tree keeps its shape (flows in flight keep their queue), else rebuild."""
+    same_tree = [(o.what, o.kind, o.handle) for o in old.tc] == [(o.what, o.kind, o.handle) for o in new.tc]
+    if same_tree:
+        for obj in new.tc:
+            if obj.kind != "htb" or obj.what == "class":  # the root htb qdisc has nothing to change
+                tc_call(handle, "change", obj, index)
+        return
+    if old.tc:  # e.g. a rate appears on an unshaped link
+        handle.tc("del", index=index, handle=old.tc[0].handle, parent=TC_H_ROOT)
+    add_tree(handle, index, new)
+
+
+def interface_counters(handle: Any, ifname: str) -> LinkCounters:
+    """Interface byte/packet counters and the drops of every qdisc on it."""
+    link = handle.get_links(handle.link_lookup(ifname=ifname)[0])[0]
+    stats = link.get_attr("IFLA_STATS64")
+    drops = sum((q.get_attr("TCA_STATS2") or {}).get_attr("TCA_STATS_QUEUE")["drops"]
+                for q in handle.get_qdiscs(index=link["index"]) if q.get_attr("TCA_STATS2"))
+    return LinkCounters(stats["tx_bytes"], stats["tx_packets"], stats["rx_bytes"], stats["rx_packets"], drops)

@@ -1,0 +1,174 @@
+"""The docker layout of a topology, as plain data: networks, containers and each DC router's configuration.
+
+One plan feeds both the docker SDK backend (`testbed up --backend docker`) and the compose generator
+(`testbed compose`), so a laptop's `docker compose up` and the harness build the same thing:
+  <prefix><dc>        a docker network per DC (the DC LAN: the topology's addresses, gateway .1)
+  <prefix><a>-<b>     a docker network per inter-DC link (a /29: routers at .2 and .3; docker keeps .1)
+  <dc>-<i>            a node container per node, no extra capabilities, on its DC network only
+  <dc>-gw             a router container per DC with NET_ADMIN, on its DC network and its links
+Node containers cannot change their routes; docker gives them `default via .1`. Every network is created
+with the bridge's IPv4 address inhibited, and the DC's router claims .1 itself (docker refuses to give a
+container the gateway address), so traffic to other DCs goes through the router, where the links are
+shaped exactly as in the netns backend (same tc trees, same userspace delay line).
+Intra-DC access links are not shaped here: a capless node cannot shape its own interface.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import asdict, dataclass, field
+
+from testbed.plan.addressing import allocate
+from testbed.plan.network import direction_key, link_direction_params
+from testbed.plan.routing import next_hops
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology
+
+LABEL = "testbed"  # every container, network and image carries it; its value is the testbed's prefix
+LABEL_ROLE, LABEL_NODE, LABEL_DC = "testbed.role", "testbed.node", "testbed.dc"
+DEFAULT_IMAGE = "testbed:latest"
+ROUTER_ENV = "TESTBED_ROUTER"  # the router's configuration, JSON (what `python -m testbed.fabric.router` reads)
+ROUTER_READY = "/run/testbed/router.ready"
+NETWORK_OPTIONS = {
+    "com.docker.network.bridge.inhibit_ipv4": "true",  # the host gets no address: it never routes for us
+    "com.docker.network.bridge.enable_ip_masquerade": "false",
+}
+NODE_SYSCTLS = {
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+    "net.ipv4.tcp_rmem": "4096 131072 268435456",  # long fat links need large windows (as in netns)
+    "net.ipv4.tcp_wmem": "4096 65536 268435456",
+}
+ROUTER_SYSCTLS = {**NODE_SYSCTLS, "net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
+                  "net.ipv4.conf.default.rp_filter": "0"}
+LINK_PREFIXLEN = 29
+
+
+@dataclass(frozen=True)
+class DockerNetwork:
+    name: str
+    role: str  # "lan" | "link"
+    subnet: str
+    gateway: str
+
+
+@dataclass(frozen=True)
+class Attachment:
+    network: str
+    address: str
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container (a compose service): `service` is its name in a compose file and in messages."""
+
+    service: str
+    role: str  # "node" | "router"
+    dc: str
+    attachments: tuple[Attachment, ...]
+    command: tuple[str, ...]
+    sysctls: dict[str, str] = field(default_factory=dict)
+    cap_add: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    extra_hosts: dict[str, str] = field(default_factory=dict)
+    healthcheck: tuple[str, ...] = ()
+
+    def labels(self, prefix: str) -> dict[str, str]:
+        labels = {LABEL: prefix, LABEL_ROLE: self.role, LABEL_DC: self.dc}
+        if self.role == "node":
+            labels[LABEL_NODE] = self.service
+        return labels
+
+
+@dataclass(frozen=True)
+class ContainersPlan:
+    topology: str
+    prefix: str
+    shaper: str  # as requested: "auto" is resolved by each router on the docker host's kernel
+    networks: tuple[DockerNetwork, ...]
+    containers: tuple[ContainerSpec, ...]
+
+    def container_name(self, spec: ContainerSpec) -> str:
+        return f"{self.prefix}{spec.service}"
+
+    def routers(self) -> tuple[ContainerSpec, ...]:
+        return tuple(c for c in self.containers if c.role == "router")
+
+
+def _link_networks(topology: Topology) -> list[ipaddress.IPv4Network]:
+    """One /29 per inter-DC link, from where the netns plan's /31s start (after the DC LANs)."""
+    addressing = allocate(topology)
+    subnet = ipaddress.IPv4Network(topology.subnet)
+    if not addressing.links:
+        return []
+    start = int(addressing.links[0].network.network_address)
+    size = 2 ** (32 - LINK_PREFIXLEN)
+    nets = [ipaddress.IPv4Network((start + index * size, LINK_PREFIXLEN)) for index in range(len(topology.links))]
+    if not nets[-1].subnet_of(subnet):
+        raise ValueError(f"subnet {subnet}: no room for {len(nets)} /{LINK_PREFIXLEN} link networks after the DC "
+                         "LANs (docker needs more addresses per link than the netns backend); give a larger subnet")
+    return nets
+
+
+def router_config(topology: Topology, dc: str, prefix: str, shaper: str, lan_address: str,
+                  links: dict[str, tuple[str, str]], overrides: dict[str, LinkParams] | None = None) -> dict:
+    """What the router of `dc` applies: interface names by address, the gateway address it claims, routes,
+    its egress link ends (tc) and the directions it delays on ingress (the userspace delay line).
+
+    `links`: peer DC -> (this router's address on the link network, the peer router's address).
+    """
+    addressing = allocate(topology)
+    lan = addressing.dcs[dc]
+    hops = next_hops(topology).get(dc, {})
+    return {
+        "dc": dc, "prefix": prefix, "shaper": shaper,
+        "gateway": f"{lan.gateway}/{lan.lan.prefixlen}",
+        "interfaces": {lan_address: "lan", **{mine: f"to-{peer}" for peer, (mine, _) in sorted(links.items())}},
+        "routes": [{"dst": str(addressing.dcs[dst].lan), "via": links[hop][1]} for dst, hop in sorted(hops.items())],
+        "egress": [{"key": direction_key(dc, peer), "ifname": f"to-{peer}",
+                    "params": asdict(link_direction_params(topology, dc, peer, overrides))} for peer in sorted(links)],
+        "ingress": [{"key": direction_key(peer, dc), "ifname": f"to-{peer}",
+                     "params": asdict(link_direction_params(topology, peer, dc, overrides))} for peer in sorted(links)],
+    }
+
+
+def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str = "tb-") -> ContainersPlan:
+    """Pure: every docker network and container of `topology` (addresses as in the netns plan)."""
+    addressing = allocate(topology)
+    lans: list[DockerNetwork] = []
+    link_nets: list[DockerNetwork] = []
+    containers: list[ContainerSpec] = []
+    hosts = {name: str(addressing.dcs[dc.name].nodes[index])
+             for dc in topology.dcs for index, name in enumerate(dc.node_names())}
+    router_links: dict[str, dict[str, tuple[str, str]]] = {dc.name: {} for dc in topology.dcs}
+    link_attachments: dict[str, list[Attachment]] = {dc.name: [] for dc in topology.dcs}
+    for link, net in zip(topology.links, _link_networks(topology)):
+        a, b = link.between
+        name = f"{prefix}{a}-{b}"
+        link_nets.append(DockerNetwork(name, "link", str(net), str(net.network_address + 1)))
+        addr_a, addr_b = str(net.network_address + 2), str(net.network_address + 3)
+        router_links[a][b], router_links[b][a] = (addr_a, addr_b), (addr_b, addr_a)
+        link_attachments[a].append(Attachment(name, addr_a))
+        link_attachments[b].append(Attachment(name, addr_b))
+    for dc in topology.dcs:
+        dc_addr = addressing.dcs[dc.name]
+        lan_name = f"{prefix}{dc.name}"
+        lans.append(DockerNetwork(lan_name, "lan", str(dc_addr.lan), str(dc_addr.gateway)))
+        router_address = dc_addr.lan.broadcast_address - 1
+        if router_address in dc_addr.nodes:
+            raise ValueError(f"DC {dc.name}: its LAN {dc_addr.lan} has no free address left for the DC router "
+                             "container; give the topology a larger subnet")
+        for index, name in enumerate(dc.node_names()):
+            containers.append(ContainerSpec(
+                name, "node", dc.name, (Attachment(lan_name, hosts[name]),),
+                ("python", "-m", "testbed.fabric.router", "idle"), dict(NODE_SYSCTLS),
+                extra_hosts={peer: address for peer, address in hosts.items() if peer != name}))
+        config = router_config(topology, dc.name, prefix, shaper, str(router_address), router_links[dc.name])
+        containers.append(ContainerSpec(
+            f"{dc.name}-gw", "router", dc.name,
+            (Attachment(lan_name, str(router_address)), *link_attachments[dc.name]),
+            ("python", "-m", "testbed.fabric.router", "serve"), dict(ROUTER_SYSCTLS), ("NET_ADMIN",),
+            {ROUTER_ENV: json.dumps(config, sort_keys=True), "TESTBED_STATE_DIR": "/run/testbed"},
+            healthcheck=("CMD", "test", "-f", ROUTER_READY)))
+    return ContainersPlan(topology.name, prefix, shaper, tuple(lans + link_nets), tuple(containers))
