@@ -371,6 +371,43 @@ def run(ctx: typer.Context,
 
 
 @app.command()
+def compose(topology: Path = typer.Argument(..., help="Topology YAML file."),
+            experiment: Optional[Path] = typer.Argument(None, help="Experiment the controller runs (its topology "
+                                                                   "must be TOPOLOGY); without it, a probe."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Compose file to write (else stdout)."),
+            shaper: str = typer.Option("auto", help="auto | netem | userspace-delay (auto: each router decides "
+                                                    "on the docker host's kernel)"),
+            prefix: str = PrefixOption) -> None:
+    """Write a docker compose file for a topology (and an experiment): the same testbed on a laptop."""
+    from testbed.plan.compose import compose_document, render
+    from testbed.plan.containers import build_containers_plan
+    from testbed.spec.experiment import load_experiment
+
+    spec = _guard(lambda: load_topology(topology))
+    topology_of_experiment = None
+    if experiment is not None:
+        parsed, used = _guard(lambda: load_experiment(experiment))
+        if used.model_dump() != spec.model_dump():
+            _fail(f"{experiment}: topology: the experiment runs {used.name!r}, not {topology} ({spec.name!r})")
+        if not isinstance(parsed.topology, dict):
+            topology_of_experiment = experiment.parent / parsed.topology
+    try:
+        plan = build_containers_plan(spec, shaper, prefix)
+    except ValueError as error:
+        _fail(f"{topology}: {error}")
+    target = output or Path("compose") / "stdout.yml"
+    document = compose_document(plan, target, topology, experiment, topology_of_experiment)
+    words = ["testbed", "compose", str(topology)] + ([str(experiment)] if experiment else [])
+    text = render(document, " ".join(words + (["-o", str(output)] if output else [])))
+    if output is None:
+        print(text, end="")
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    err.print(f"wrote {output}: {len(document['services'])} services, {len(document['networks'])} networks")
+
+
+@app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run directory (results/<experiment>/<run>).")) -> None:
     """Rebuild the tables, plots and report of a run directory."""
     from testbed.collect.report import build_report

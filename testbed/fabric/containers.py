@@ -147,7 +147,7 @@ class DockerFabric(Fabric):
         container = self.client.containers.create(
             self.image, list(spec.command), name=plan.container_name(spec), hostname=spec.service,
             labels=spec.labels(plan.prefix), environment={**spec.environment, "PYTHONPATH": LIVE_CODE},
-            cap_add=list(spec.cap_add) or None, sysctls=spec.sysctls, extra_hosts=spec.extra_hosts or None,
+            cap_add=list(spec.cap_add) or None, sysctls=spec.sysctls, extra_hosts=[f"{name}:{address}" for name, address in spec.extra_hosts] or None,
             healthcheck=healthcheck, network=first.network, detach=True,
             networking_config={first.network: self.client.api.create_endpoint_config(ipv4_address=first.address)})
         for attachment in rest:

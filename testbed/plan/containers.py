@@ -71,7 +71,7 @@ class ContainerSpec:
     sysctls: dict[str, str] = field(default_factory=dict)
     cap_add: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
-    extra_hosts: dict[str, str] = field(default_factory=dict)
+    extra_hosts: tuple[tuple[str, str], ...] = ()  # (name, address): the other nodes, IPv4 and IPv4-mapped IPv6
     healthcheck: tuple[str, ...] = ()
 
     def labels(self, prefix: str) -> dict[str, str]:
@@ -133,6 +133,14 @@ def router_config(topology: Topology, dc: str, prefix: str, shaper: str, lan_add
     }
 
 
+def _peer_hosts(hosts: dict[str, str], me: str) -> tuple[tuple[str, str], ...]:
+    """/etc/hosts entries for the other nodes. Without them gloo's rendezvous stalls on reverse lookups
+    that docker's embedded DNS forwards to an upstream it cannot reach (10 s each); the TCP store sees its
+    clients as IPv4-mapped IPv6 addresses, so those are listed too."""
+    return tuple(pair for peer, address in hosts.items() if peer != me
+                 for pair in ((peer, address), (peer, f"::ffff:{address}")))
+
+
 def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str = "tb-") -> ContainersPlan:
     """Pure: every docker network and container of `topology` (addresses as in the netns plan)."""
     addressing = allocate(topology)
@@ -163,7 +171,7 @@ def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str 
             containers.append(ContainerSpec(
                 name, "node", dc.name, (Attachment(lan_name, hosts[name]),),
                 ("python", "-m", "testbed.fabric.router", "idle"), dict(NODE_SYSCTLS),
-                extra_hosts={peer: address for peer, address in hosts.items() if peer != name}))
+                extra_hosts=_peer_hosts(hosts, name)))
         config = router_config(topology, dc.name, prefix, shaper, str(router_address), router_links[dc.name])
         containers.append(ContainerSpec(
             f"{dc.name}-gw", "router", dc.name,
