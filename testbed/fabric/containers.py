@@ -124,6 +124,7 @@ class DockerFabric(Fabric):
     def _create(self, plan: ContainersPlan) -> None:
         from docker.types import IPAMConfig, IPAMPool
 
+        self._check_addresses(plan)
         self._progress(f"creating {len(plan.networks)} docker networks")
         networks = {}
         for net in plan.networks:
@@ -139,6 +140,23 @@ class DockerFabric(Fabric):
             created.append(self._create_container(plan, spec, networks, archive))
         for container in created:
             container.start()
+
+    def _check_addresses(self, plan: ContainersPlan) -> None:
+        """Docker refuses overlapping subnets: name who holds ours (another testbed, a compose run) first."""
+        import ipaddress
+
+        ours = [ipaddress.ip_network(net.subnet) for net in plan.networks]
+        for network in self.client.networks.list():
+            for config in (network.attrs.get("IPAM") or {}).get("Config") or []:
+                subnet = config.get("Subnet", "")
+                if ":" in subnet or not subnet:
+                    continue
+                if any(ipaddress.ip_network(subnet).overlaps(mine) for mine in ours):
+                    owner = network.attrs.get("Labels", {}).get(LABEL)
+                    hint = (f"`testbed clean --prefix {owner}` removes it" if owner is not None
+                            else "remove it or give the topology another subnet")
+                    raise FabricError(f"docker: network {network.name} already uses {subnet}, which this testbed "
+                                      f"needs; {hint}")
 
     def _create_container(self, plan: ContainersPlan, spec: ContainerSpec, networks: dict, archive: bytes) -> Any:
         first, *rest = spec.attachments

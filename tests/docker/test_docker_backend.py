@@ -1,0 +1,101 @@
+"""`--backend docker`: the same testbed as netns, made of containers through the docker SDK (root, in CI)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from testbed.plan.containers import build_containers_plan
+from testbed.spec import load_topology
+
+from ..conftest import TOPOLOGIES, run_cli
+from .conftest import labelled, router_exec
+
+pytestmark = pytest.mark.root
+
+KILL_DELAY_LINE = ("import json, os, signal; "
+                   "os.kill(json.load(open('/run/testbed/router.json'))['delay_line'], signal.SIGKILL)")
+
+
+def probe(pings: int = 100) -> list[dict]:
+    proc = run_cli("probe", "--json", "--pings", str(pings), "--seconds", "2", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)["pairs"]
+
+
+def test_up_probe_shape_exec_status_and_down(prefix, docker_image):
+    proc = run_cli("up", "--backend", "docker", "--image", docker_image, str(TOPOLOGIES / "two-dc.yaml"), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "intra-DC access links are not shaped" in proc.stdout  # said, never hidden
+    status = json.loads(run_cli("status", "--json", check=True).stdout)
+    assert status["backend"] == "docker" and status["containers_running"] == status["containers_planned"] == 6
+    inter = {link["key"]: link for link in status["links"] if link["kind"] == "inter-dc"}
+    assert set(inter) == {"east->west", "west->east"}
+    assert all("NOT" not in link["mechanism"] and link["mechanism"].startswith("htb+") for link in inter.values())
+
+    ping = run_cli("exec", "east-0", "--", "ping", "-c", "3", "-i", "0.2", "198.18.1.2", timeout=60)
+    assert ping.returncode == 0, ping.stderr
+    average = float(re.search(r"= [\d.]+/([\d.]+)/", ping.stdout).group(1))
+    assert 20.0 <= average < 30.0  # 10 ms each way, through both routers
+
+    for pair in probe():  # the same fidelity bounds as the netns backend's probe test
+        assert pair["not_applied"] == "" and pair["rtt_applied_ms"] == pytest.approx(20.0)
+        assert 20.0 <= pair["rtt_p50_ms"] <= 22.0, pair
+        assert abs(pair["goodput_error"]) < 0.10, pair
+
+    shaped = run_cli("shape", "east", "west", "--latency", "5ms", "--bandwidth", "200mbit", timeout=60)
+    assert shaped.returncode == 0, shaped.stderr
+    for pair in probe(pings=50):
+        assert 10.0 <= pair["rtt_p50_ms"] <= 12.0, pair
+        assert pair["goodput_expected_mbps"] < 200 and abs(pair["goodput_error"]) < 0.10, pair
+
+    if status["shaper"] == "userspace-delay":  # a dead delay line darkens the links, and the harness says so
+        code, output = router_exec(prefix, "west", ["python", "-c", KILL_DELAY_LINE])
+        assert code == 0, output
+        for _ in range(50):
+            dead = run_cli("status")
+            if dead.returncode == 1:
+                break
+        assert dead.returncode == 1 and "west-gw" in dead.stderr, dead.stderr
+    assert run_cli("down", timeout=120).returncode == 0
+    assert labelled(prefix) == []
+
+
+def test_clean_without_state_removes_every_labelled_object(prefix, state_dir, docker_image):
+    path = TOPOLOGIES / "three-dc-ring.yaml"
+    run_cli("up", "--backend", "docker", "--image", docker_image, str(path), timeout=240, check=True)
+    plan = build_containers_plan(load_topology(path), prefix=prefix)
+    assert len(labelled(prefix)) == len(plan.containers) + len(plan.networks)
+    for path in state_dir.glob("*.json"):
+        path.unlink()  # as after a crash of the controller
+    proc = run_cli("clean", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert labelled(prefix) == []
+
+
+USER_SCRIPT = """
+import json, os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1 << 18) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+out = os.path.join(os.environ["TESTBED_METRICS_DIR"], f"user{dist.get_rank()}.json")
+json.dump({"sum": float(t[0]), "node": os.environ["TESTBED_NODE"], "dc": os.environ["TESTBED_DC"]}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_a_torchrun_style_command_runs_in_the_containers(prefix, docker_image, tmp_path):
+    proc = run_cli("run", "--topology", str(TOPOLOGIES / "two-dc.yaml"), "--backend", "docker", "--image", docker_image,
+                   "--out", str(tmp_path / "out"), "--", "python", "-c", USER_SCRIPT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next((tmp_path / "out").glob("command-two-dc/*"))
+    result = json.loads((run_dir / "cells" / "command" / "result.json").read_text())
+    assert result["status"] == "ok" and result["world"] == 4, result["reason"]
+    assert sum(v["tx_bytes"] for v in result["link_bytes"].values()) > (1 << 20)  # 1 MB crossed the routers
+    outputs = [json.loads((run_dir / "cells" / "command" / "metrics" / f"user{r}.json").read_text()) for r in range(4)]
+    assert [o["node"] for o in outputs] == ["east-0", "east-1", "west-0", "west-1"]
+    assert all(o["sum"] == 10.0 for o in outputs) and [o["dc"] for o in outputs] == ["0", "0", "1", "1"]
+    assert json.loads((run_dir / "manifest.json").read_text())["backend"] == "docker"
+    assert labelled(prefix) == []
