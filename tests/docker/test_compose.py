@@ -1,0 +1,64 @@
+"""The laptop path: `docker compose up` on the committed quickstart compose file (root, in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import pandas as pd
+import pytest
+
+from ..conftest import ROOT, run_cli
+from .conftest import labelled
+
+pytestmark = pytest.mark.root
+
+COMPOSE_FILE = "compose/quickstart.yml"
+
+
+def compose(project: str, *args: str, image: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "compose", "-f", COMPOSE_FILE, "-p", project, *args], cwd=ROOT,
+                          env={**os.environ, "TESTBED_IMAGE": image}, capture_output=True, text=True, timeout=timeout)
+
+
+def headings(run_dir) -> list[str]:
+    return [line for line in (run_dir / "report.md").read_text().splitlines() if line.startswith("#")]
+
+
+def test_compose_quickstart_writes_the_report_the_netns_backend_writes(prefix, docker_image, tmp_path):
+    results = ROOT / "results" / "quickstart"
+    before = set(results.glob("*"))
+    project = f"tbtest-{uuid.uuid4().hex[:6]}"
+    try:
+        proc = compose(project, "up", "--exit-code-from", "controller", image=docker_image, timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        (run_dir,) = set(results.glob("*")) - before  # results land in results/ through the volume
+        copy = tmp_path / "compose-run"
+        shutil.copytree(run_dir, copy)
+    finally:
+        down = compose(project, "down", "-v", "--remove-orphans", image=docker_image, timeout=300)
+        for path in set(results.glob("*")) - before:
+            shutil.rmtree(path, ignore_errors=True)
+    assert down.returncode == 0, down.stderr
+    assert labelled("tb-") == []  # compose's containers and networks carry the compose file's prefix
+
+    netns = run_cli("run", "experiments/quickstart.yaml", "--out", str(tmp_path / "netns"), timeout=900)
+    assert netns.returncode == 0, netns.stderr[-2000:]
+    netns_dir = next((tmp_path / "netns" / "quickstart").glob("*"))
+
+    docker_manifest = json.loads((copy / "manifest.json").read_text())
+    assert docker_manifest["backend"] == "docker"
+    assert json.loads((netns_dir / "manifest.json").read_text())["backend"] == "netns"
+    ours, theirs = pd.read_csv(copy / "summary.csv"), pd.read_csv(netns_dir / "summary.csv")
+    assert list(ours.columns) == list(theirs.columns)  # same columns
+    assert sorted(ours["cell"]) == sorted(theirs["cell"]) and len(ours) == 6  # same cells
+    assert (ours["status"] == "ok").all(), ours[["cell", "status", "reason"]]
+    assert headings(copy) == headings(netns_dir)
+    for cell in (copy / "cells").iterdir():  # the 20 ms cells were calibrated through the routers
+        result = json.loads((cell / "result.json").read_text())
+        if "20ms" in cell.name:
+            assert all(40.0 <= c["rtt_p50_ms"] <= 44.0 for c in result["calibration"]), result["calibration"]
+        assert sum(v["tx_bytes"] for v in result["link_bytes"].values()) > (1 << 20)
