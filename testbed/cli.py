@@ -107,6 +107,32 @@ def print_hosts_plan(plan: Any) -> None:
     out.print("intra-DC traffic is the hosts' own network (unshaped); a link's bandwidth applies per sending host")
 
 
+def print_containers_plan(topology: Any, shaper: str, prefix: str, image: str) -> None:
+    from testbed.plan.containers import ROUTER_ENV, build_containers_plan
+
+    try:
+        plan = build_containers_plan(topology, shaper, prefix)
+    except ValueError as error:
+        _fail(str(error))
+    out.print(f"[bold]plan[/bold] {plan.topology} as containers of {image}: shaper {shaper} "
+              f"(auto: each router decides on the docker host's kernel), label testbed={prefix}")
+    table = Table("network", "role", "subnet", "gateway (claimed by the DC router)", title="docker networks")
+    for net in plan.networks:
+        table.add_row(net.name, net.role, net.subnet, net.gateway if net.role == "lan" else "-")
+    out.print(table)
+    table = Table("container", "role", "addresses", "capabilities", "routes", "shapes (egress) / delays (ingress)",
+                  title="containers")
+    for spec in plan.containers:
+        config = json.loads(spec.environment.get(ROUTER_ENV, "{}"))
+        table.add_row(plan.container_name(spec), spec.role, "\n".join(f"{a.network} {a.address}" for a in spec.attachments),
+                      ", ".join(spec.cap_add) or "none",
+                      "\n".join(f"{r['dst']} via {r['via']}" for r in config.get("routes", [])) or "default via .1",
+                      "\n".join([f"{e['key']} on {e['ifname']}" for e in config.get("egress", [])] +
+                                [f"{e['key']} from {e['ifname']}" for e in config.get("ingress", [])]) or "-")
+    out.print(table)
+    out.print("intra-DC access links are not shaped in containers (nodes have no capabilities)")
+
+
 def _hosts_table(rows: list, title: str) -> Table:
     table = Table("dc", "host", "address", "python", "torch", "tc", "netem", "clock offset", "problems", title=title)
     for r in rows:
@@ -159,6 +185,9 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
         chosen = "userspace-delay" if shaper == "auto" else shaper
         if chosen_backend.name == "ssh":
             print_hosts_plan(_guard(lambda: _hosts_plan(spec, chosen_backend.inventory, chosen, prefix)))
+        elif chosen_backend.name == "docker":
+            print_containers_plan(spec, shaper, prefix, image)
+            return
         else:
             print_plan(_guard(lambda: build_plan(spec, chosen, prefix)))
         if shaper == "auto":

@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from typing import IO, Any
+
+from testbed.fabric.procs import PopenLike
 
 BOOTSTRAP = r"""
 import os, sys
@@ -61,7 +62,7 @@ def _sink(target: Any, err: bool, owned: list[IO[bytes]]) -> tuple[IO[bytes] | N
     return target, None
 
 
-class DockerProcess:
+class DockerProcess(PopenLike):
     """argv running inside `container` (a docker SDK Container); see the module docstring."""
 
     def __init__(self, api: Any, container: str, argv: list[str], *, env: dict[str, str], cwd: str | None = None,
@@ -121,42 +122,12 @@ class DockerProcess:
                 self.returncode = -(code - 128) if code > 128 else code  # 128+N: ended by signal N
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
-            self._pump.join(0.05)
-        assert self.returncode is not None
-        return self.returncode
-
-    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
-        """Read both pipes to the end while waiting (a full pipe would otherwise stall the pump)."""
-        results: dict[str, Any] = {}
-        readers = [threading.Thread(target=lambda n=name, s=stream: results.__setitem__(n, s.read()), daemon=True)
-                   for name, stream in (("out", self.stdout), ("err", self.stderr)) if stream is not None]
-        for thread in readers:
-            thread.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in readers:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return results.get("out"), results.get("err")
-
-    def send_signal(self, name: str) -> None:
+    def send_signal(self, signal_name: str) -> None:
         """Signal the process's group (the command and its children) from a second exec."""
         if self.poll() is not None:
             return
-        exec_id = self.api.exec_create(self.container, ["python", "-c", KILL_GROUP, str(self.pid), name])["Id"]
+        exec_id = self.api.exec_create(self.container, ["python", "-c", KILL_GROUP, str(self.pid), signal_name])["Id"]
         self.api.exec_start(exec_id)
-
-    def kill(self) -> None:
-        self.send_signal("KILL")
-
-    def terminate(self) -> None:
-        self.send_signal("TERM")
 
 
 def _text(stream: IO[bytes] | None) -> IO[str] | None:

@@ -14,9 +14,9 @@ import shlex
 import subprocess
 import sys
 import threading
-import time
 from typing import IO, Any
 
+from testbed.fabric.procs import PopenLike
 from testbed.remote.ssh import Connection, RemoteError
 
 BOOTSTRAP = r"""
@@ -68,7 +68,7 @@ def _bootstrap_argv(python: str, sudo: bool) -> str:
     return ("sudo -n " if sudo else "") + shlex.join([python, "-c", BOOTSTRAP])
 
 
-class RemoteProcess:
+class RemoteProcess(PopenLike):
     """argv running on `connection`'s host; stdout/stderr: a file (streamed live), PIPE, DEVNULL or None."""
 
     def __init__(self, connection: Connection, argv: list[str], *, env: dict[str, str], cwd: str,
@@ -140,29 +140,6 @@ class RemoteProcess:
             self.returncode = -9 if code == -1 else code  # -1: ended by a signal (no exit status)
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
-            time.sleep(0.02)
-        assert self.returncode is not None
-        return self.returncode
-
-    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
-        results: dict[str, Any] = {}
-        readers = [threading.Thread(target=lambda n=name, s=stream: results.__setitem__(n, s.read()), daemon=True)
-                   for name, stream in (("out", self.stdout), ("err", self.stderr)) if stream is not None]
-        for thread in readers:
-            thread.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in readers:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return results.get("out"), results.get("err")
-
     def send_signal(self, signal_name: str) -> None:
         """Signal the remote process group (the command and its children)."""
         if self.poll() is not None:
@@ -170,9 +147,3 @@ class RemoteProcess:
         out = self.connection.run(["kill", "-s", signal_name, "--", f"-{self.pid}"], sudo=self.sudo)
         if out.code != 0:
             self.connection.run(["kill", "-s", signal_name, str(self.pid)], sudo=self.sudo)
-
-    def kill(self) -> None:
-        self.send_signal("KILL")
-
-    def terminate(self) -> None:
-        self.send_signal("TERM")

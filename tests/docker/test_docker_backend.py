@@ -11,6 +11,7 @@ from testbed.plan.containers import build_containers_plan
 from testbed.spec import load_topology
 
 from ..conftest import TOPOLOGIES, run_cli
+from ..runner.test_run import USER_SCRIPT
 from .conftest import labelled, router_exec
 
 pytestmark = pytest.mark.root
@@ -75,17 +76,6 @@ def test_clean_without_state_removes_every_labelled_object(prefix, state_dir, do
     assert labelled(prefix) == []
 
 
-USER_SCRIPT = """
-import json, os, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1 << 18) * (dist.get_rank() + 1)
-dist.all_reduce(t)
-out = os.path.join(os.environ["TESTBED_METRICS_DIR"], f"user{dist.get_rank()}.json")
-json.dump({"sum": float(t[0]), "node": os.environ["TESTBED_NODE"], "dc": os.environ["TESTBED_DC"]}, open(out, "w"))
-dist.destroy_process_group()
-"""
-
-
 def test_a_torchrun_style_command_runs_in_the_containers(prefix, docker_image, tmp_path):
     proc = run_cli("run", "--topology", str(TOPOLOGIES / "two-dc.yaml"), "--backend", "docker", "--image", docker_image,
                    "--out", str(tmp_path / "out"), "--", "python", "-c", USER_SCRIPT, timeout=300)
@@ -96,6 +86,7 @@ def test_a_torchrun_style_command_runs_in_the_containers(prefix, docker_image, t
     assert sum(v["tx_bytes"] for v in result["link_bytes"].values()) > (1 << 20)  # 1 MB crossed the routers
     outputs = [json.loads((run_dir / "cells" / "command" / "metrics" / f"user{r}.json").read_text()) for r in range(4)]
     assert [o["node"] for o in outputs] == ["east-0", "east-1", "west-0", "west-1"]
-    assert all(o["sum"] == 10.0 for o in outputs) and [o["dc"] for o in outputs] == ["0", "0", "1", "1"]
+    assert all(o["sum"] == 10.0 and o["world"] == 4 for o in outputs)
+    assert [o["dc"] for o in outputs] == ["0", "0", "1", "1"]
     assert json.loads((run_dir / "manifest.json").read_text())["backend"] == "docker"
     assert labelled(prefix) == []

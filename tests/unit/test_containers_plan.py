@@ -108,3 +108,10 @@ def test_compose_refuses_an_experiment_of_another_topology():
     proc = run_cli("compose", "topologies/three-dc-ring.yaml", "experiments/quickstart.yaml")
     assert proc.returncode == 2
     assert "experiments/quickstart.yaml: topology:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dry_run_prints_networks_containers_and_routes_without_docker():
+    proc = run_cli("up", "--dry-run", "--backend", "docker", "topologies/two-dc.yaml", "--prefix", "tb-")
+    assert proc.returncode == 0, proc.stderr
+    for text in ("tb-east-west", "198.18.2.0/29", "NET_ADMIN", "198.18.1.0/24 via", "not shaped"):
+        assert text in proc.stdout.replace("\n", " ") or text in proc.stdout, text
