@@ -69,20 +69,34 @@ def docker_network_plan(topology: Topology, shaper: str, prefix: str,
     return dataclasses.replace(plan, link_ends=tuple(ends))
 
 
-def clean(prefix: str) -> list[str]:
-    """Remove every container and network labelled `testbed=<prefix>`; nothing when no engine answers."""
+def clean(prefix: str, settle: float = 0.0) -> list[str]:
+    """Remove every container and network labelled `testbed=<prefix>`; nothing when no engine answers.
+
+    `settle`: keep looking that long after the last removal. A request cut short by Ctrl-C may still be
+    carried out by the engine (a container appears after we listed), so an interrupted `up` settles."""
     try:
         client = docker_client(timeout=30)
     except FabricError:
         return []
     removed: list[str] = []
+    label = {"label": f"{LABEL}={prefix}"}
     try:
-        for container in client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"}):
-            container.remove(force=True)
-            removed.append(f"{container.name} (container)")
-        for network in client.networks.list(filters={"label": f"{LABEL}={prefix}"}):
-            network.remove()
-            removed.append(f"{network.name} (network)")
+        quiet_since = time.monotonic()
+        while True:
+            containers = client.containers.list(all=True, filters=label)
+            networks = client.networks.list(filters=label) if not containers else []
+            for container in containers:
+                container.remove(force=True)
+                removed.append(f"{container.name} (container)")
+            for network in networks:
+                network.remove()
+                removed.append(f"{network.name} (network)")
+            if containers or networks:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= settle:
+                break
+            else:
+                time.sleep(0.2)
     finally:
         client.close()
     return removed
@@ -116,7 +130,7 @@ class DockerFabric(Fabric):
             self._create(plan)
             self._ready(plan)
         except BaseException as error:
-            self.down()
+            self.down(settle=2.0)
             if type(error).__module__.startswith(("docker", "requests")):
                 raise FabricError(f"docker: {error}") from None
             raise
@@ -245,9 +259,9 @@ class DockerFabric(Fabric):
         return json.loads(self._router_exec(dc, ["cat", "/run/testbed/router.json"], "reading the router state"))
 
     # --- teardown ---------------------------------------------------------------------------------
-    def down(self) -> None:
+    def down(self, settle: float = 0.0) -> None:
         if not self.adopted:
-            clean(self.prefix)
+            clean(self.prefix, settle)
 
     # --- use --------------------------------------------------------------------------------------
     def popen(self, node: str, argv: list[str], **kwargs: Any) -> DockerProcess:

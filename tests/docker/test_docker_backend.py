@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from testbed.plan.containers import build_containers_plan
 from testbed.spec import load_topology
 
-from ..conftest import TOPOLOGIES, run_cli
+from ..conftest import ROOT, TOPOLOGIES, run_cli
 from ..runner.test_run import USER_SCRIPT
 from .conftest import labelled, router_exec
 
@@ -89,4 +93,18 @@ def test_a_torchrun_style_command_runs_in_the_containers(prefix, docker_image, t
     assert all(o["sum"] == 10.0 and o["world"] == 4 for o in outputs)
     assert [o["dc"] for o in outputs] == ["0", "0", "1", "1"]
     assert json.loads((run_dir / "manifest.json").read_text())["backend"] == "docker"
+    assert labelled(prefix) == []
+
+
+def test_ctrl_c_during_up_removes_what_was_created(prefix, docker_image):
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", "--backend", "docker", "--image", docker_image,
+                             str(TOPOLOGIES / "chain-4dc-8.yaml")], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(name.startswith("container") for name in labelled(prefix)):
+        assert time.monotonic() < deadline and proc.poll() is None, "bring-up never created a container"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
     assert labelled(prefix) == []
