@@ -56,6 +56,7 @@ def _controller(plan: ContainersPlan, compose_dir: Path, topology_file: Path, ex
         command = ["python", "-m", "testbed", "probe", inside, "--out", f"{RESULTS}/probe-{plan.topology}", *adopt]
     return {
         "image": IMAGE, "command": command, "labels": {LABEL: plan.prefix, LABEL_ROLE: "controller"},
+        "environment": {"COLUMNS": "160"},  # tables in the log as wide as a terminal, not 80 columns
         "network_mode": "none",  # it talks to the docker engine only; ranks and probes run in the nodes
         "volumes": ["/var/run/docker.sock:/var/run/docker.sock", f"{_relative(root, compose_dir)}:{INPUT}:ro",
                     f"{_relative(compose_dir.parent / 'results', compose_dir)}:{RESULTS}"],
