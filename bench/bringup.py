@@ -1,6 +1,6 @@
-"""Bring-up and teardown time of the netns backend for 1x2, 2x4 and 4x8 nodes (medians of N runs).
+"""Bring-up and teardown time of a backend for 1x2, 2x4 and 4x8 nodes (medians of N runs).
 
-Usage: .venv/bin/python bench/bringup.py [--reps 5]   (root)
+Usage: .venv/bin/python bench/bringup.py [--reps 5] [--backend netns|docker] [--image testbed:latest]   (root)
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import time
 
 import pandas as pd
 
-from testbed.fabric.control import bring_up, tear_down
+from testbed.fabric.containers import clean as clean_containers
+from testbed.fabric.control import Backend, bring_up, tear_down
 from testbed.fabric.netns import list_namespaces
 from testbed.spec.topology import topology_from_data
 
@@ -30,21 +31,25 @@ def chain(dcs: int, nodes: int):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--backend", choices=("netns", "docker"), default="netns")
+    parser.add_argument("--image", default="testbed:latest")
     args = parser.parse_args()
+    backend = Backend(args.backend, image=args.image)
     rows = []
     for dcs, nodes in ((1, 2), (2, 4), (4, 8)):
         topology = chain(dcs, nodes)
         ups, downs = [], []
         for _ in range(args.reps):
             start = time.perf_counter()
-            bring_up(topology, prefix=PREFIX)
+            bring_up(topology, prefix=PREFIX, backend=backend)
             ups.append(time.perf_counter() - start)
             start = time.perf_counter()
             tear_down(PREFIX)
             downs.append(time.perf_counter() - start)
-            assert not list_namespaces(PREFIX)
-        namespaces = dcs * (nodes + 2)
-        rows.append({"topology": f"{dcs} DC x {nodes} nodes", "namespaces": namespaces,
+            assert not list_namespaces(PREFIX) and not clean_containers(PREFIX)
+        objects = dcs * (nodes + 2) if args.backend == "netns" else dcs * (nodes + 1)
+        rows.append({"topology": f"{dcs} DC x {nodes} nodes", "backend": args.backend,
+                     "namespaces" if args.backend == "netns" else "containers": objects,
                      "up median s": statistics.median(ups), "up max s": max(ups),
                      "down median s": statistics.median(downs), "down max s": max(downs)})
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))

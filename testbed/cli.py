@@ -124,7 +124,8 @@ def print_containers_plan(topology: Any, shaper: str, prefix: str, image: str) -
                   title="containers")
     for spec in plan.containers:
         config = json.loads(spec.environment.get(ROUTER_ENV, "{}"))
-        table.add_row(plan.container_name(spec), spec.role, "\n".join(f"{a.network} {a.address}" for a in spec.attachments),
+        addresses = "\n".join(f"{a.network} {a.address}" for a in spec.attachments)
+        table.add_row(plan.container_name(spec), spec.role, addresses,
                       ", ".join(spec.cap_add) or "none",
                       "\n".join(f"{r['dst']} via {r['via']}" for r in config.get("routes", [])) or "default via .1",
                       "\n".join([f"{e['key']} on {e['ifname']}" for e in config.get("egress", [])] +
@@ -515,12 +516,19 @@ def down(prefix: str = PrefixOption) -> None:
 
 
 @app.command()
-def clean(prefix: str = PrefixOption) -> None:
+def clean(prefix: str = PrefixOption,
+          images: bool = typer.Option(False, "--images", help="Also remove docker images labelled testbed "
+                                                              "(compose/Dockerfile builds, the offline base).")
+          ) -> None:
     """Remove every object with the prefix, even without a state file (after a crash or SIGKILL)."""
     from testbed.fabric.control import tear_down
 
     removed = _guard(lambda: tear_down(prefix))
-    out.print(f"[green]clean[/green]: removed {len(removed)} namespaces/interfaces"
+    if images:
+        from testbed.fabric.containers import remove_images
+
+        removed += _guard(remove_images)
+    out.print(f"[green]clean[/green]: removed {len(removed)} namespaces/interfaces/containers/networks"
               + (f" ({', '.join(removed[:6])}{' ...' if len(removed) > 6 else ''})" if removed else ""))
 
 

@@ -78,25 +78,52 @@ def clean(prefix: str, settle: float = 0.0) -> list[str]:
         client = docker_client(timeout=30)
     except FabricError:
         return []
+    from docker.errors import APIError, NotFound
+
     removed: list[str] = []
     label = {"label": f"{LABEL}={prefix}"}
+    deadline = time.monotonic() + settle + 30.0
     try:
         quiet_since = time.monotonic()
         while True:
-            containers = client.containers.list(all=True, filters=label)
-            networks = client.networks.list(filters=label) if not containers else []
-            for container in containers:
-                container.remove(force=True)
-                removed.append(f"{container.name} (container)")
-            for network in networks:
-                network.remove()
-                removed.append(f"{network.name} (network)")
-            if containers or networks:
+            busy: list[str] = []  # objects the engine would not remove yet (a container still being created)
+            for container in client.containers.list(all=True, filters=label, ignore_removed=True):
+                try:
+                    container.remove(force=True)
+                    removed.append(f"{container.name} (container)")
+                except NotFound:
+                    pass
+                except APIError as error:
+                    busy.append(f"{container.name}: {error.explanation or error}")
                 quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= settle:
+            for network in client.networks.list(filters=label):
+                try:
+                    network.remove()
+                    removed.append(f"{network.name} (network)")
+                except NotFound:
+                    pass
+                except APIError as error:  # e.g. an endpoint of a container created after we listed
+                    busy.append(f"{network.name}: {error.explanation or error}")
+                quiet_since = time.monotonic()
+            if busy and time.monotonic() > deadline:
+                raise FabricError(f"docker: could not remove {'; '.join(busy)}")
+            if not busy and time.monotonic() - quiet_since >= settle:
                 break
-            else:
-                time.sleep(0.2)
+            time.sleep(0.2)
+    finally:
+        client.close()
+    return removed
+
+
+def remove_images() -> list[str]:
+    """Remove every image labelled `testbed` (project images first: the bases are their parents)."""
+    client = docker_client(timeout=120)
+    removed: list[str] = []
+    try:
+        for role in ("image", "base"):
+            for image in client.images.list(filters={"label": f"{LABEL}={role}"}):
+                client.images.remove(image.id, force=True)
+                removed.append(f"{', '.join(image.tags) or image.short_id} (image)")
     finally:
         client.close()
     return removed
@@ -179,7 +206,8 @@ class DockerFabric(Fabric):
         container = self.client.containers.create(
             self.image, list(spec.command), name=plan.container_name(spec), hostname=spec.service,
             labels=spec.labels(plan.prefix), environment={**spec.environment, "PYTHONPATH": LIVE_CODE},
-            cap_add=list(spec.cap_add) or None, sysctls=spec.sysctls, extra_hosts=[f"{name}:{address}" for name, address in spec.extra_hosts] or None,
+            cap_add=list(spec.cap_add) or None, sysctls=spec.sysctls,
+            extra_hosts=[f"{name}:{address}" for name, address in spec.extra_hosts] or None,
             healthcheck=healthcheck, network=first.network, detach=True,
             networking_config={first.network: self.client.api.create_endpoint_config(ipv4_address=first.address)})
         for attachment in rest:
@@ -232,7 +260,8 @@ class DockerFabric(Fabric):
     # --- containers -------------------------------------------------------------------------------
     def _containers(self) -> dict[str, Any]:
         """This testbed's containers by name."""
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.prefix}"})
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.prefix}"},
+                                            ignore_removed=True)  # one being removed right now is gone
         return {c.name: c for c in found}
 
     @staticmethod

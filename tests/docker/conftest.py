@@ -26,7 +26,8 @@ def labelled(prefix: str) -> list[str]:
 
     client = docker.from_env()
     try:
-        found = [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": f"testbed={prefix}"})]
+        containers = client.containers.list(all=True, filters={"label": f"testbed={prefix}"}, ignore_removed=True)
+        found = [f"container {c.name}" for c in containers]
         found += [f"network {n.name}" for n in client.networks.list(filters={"label": f"testbed={prefix}"})]
     finally:
         client.close()
