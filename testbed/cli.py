@@ -528,7 +528,7 @@ def clean(prefix: str = PrefixOption,
         from testbed.fabric.containers import remove_images
 
         removed += _guard(remove_images)
-    out.print(f"[green]clean[/green]: removed {len(removed)} namespaces/interfaces/containers/networks"
+    out.print(f"[green]clean[/green]: removed {len(removed)} objects"
               + (f" ({', '.join(removed[:6])}{' ...' if len(removed) > 6 else ''})" if removed else ""))
 
 
