@@ -512,7 +512,7 @@ def down(prefix: str = PrefixOption) -> None:
     from testbed.fabric.control import tear_down
 
     removed = _guard(lambda: tear_down(prefix))
-    out.print(f"[green]down[/green]: removed {len(removed)} namespaces/interfaces")
+    out.print(f"[green]down[/green]: removed {len(removed)} objects")
 
 
 @app.command()
