@@ -148,6 +148,7 @@ class DockerFabric(Fabric):
         self.client = docker_client()
         self._outputs: dict[str, set[str]] = {}  # local dir -> containers that wrote into their copy of it
         self._health: tuple[float, list[str]] | None = None
+        self._by_service: dict[str, Any] = {}  # service -> container: containers do not change while up
 
     # --- bring-up ---------------------------------------------------------------------------------
     def up(self, plan: ContainersPlan, state: FabricState | None = None) -> None:
@@ -235,7 +236,7 @@ class DockerFabric(Fabric):
             cancel.check()
             for name in sorted(waiting):
                 container = self._container(name)
-                container.reload()
+                container.reload()  # fresh state and health
                 health = container.attrs["State"].get("Health", {}).get("Status")
                 if health == "healthy":
                     waiting.discard(name)
@@ -271,9 +272,11 @@ class DockerFabric(Fabric):
 
     def _container(self, service: str) -> Any:
         """A node (`east-0`) or router (`east-gw`) container, whatever name docker or compose gave it."""
-        for container in self._containers().values():
-            if self._service(container) == service and container.labels.get(LABEL_ROLE) in ("node", "router"):
-                return container
+        if service not in self._by_service:
+            self._by_service = {self._service(c): c for c in self._containers().values()
+                                if c.labels.get(LABEL_ROLE) in ("node", "router")}
+        if service in self._by_service:
+            return self._by_service[service]
         names = ", ".join(n.name for n in self.plan.nodes) if self.plan else "?"
         raise FabricError(f"no node named {service!r} in docker testbed {self.prefix!r} (nodes: {names})")
 
