@@ -51,7 +51,7 @@ MAX_SLEEP = 0.002
 
 def assignments(plan: "NetworkPlan") -> dict[str, list[DelayDirection]]:
     """Gateway namespace -> the directions its delay line serves (pure: derived from the plan)."""
-    from testbed.plan.shaping import DelayDirection, delay_line_queue
+    from testbed.plan.shaping import DelayDirection
 
     out: dict[str, list[DelayDirection]] = {}
     for link in plan.links:
@@ -61,8 +61,7 @@ def assignments(plan: "NetworkPlan") -> dict[str, list[DelayDirection]]:
                 continue
             ns = plan.gateways[dst]
             work = out.setdefault(ns, [])
-            work.append(DelayDirection(key, f"to-{src}", len(work), spec.latency, spec.jitter, spec.loss,
-                                       delay_line_queue(spec)))
+            work.append(DelayDirection.serving(key, f"to-{src}", len(work), spec))
     return out
 
 

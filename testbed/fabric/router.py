@@ -75,14 +75,15 @@ def _name_interfaces(ipr, names: dict[str, str]) -> dict[str, int]:
 
 
 def _delay_work(config: dict, shaper: str) -> list:
-    from testbed.plan.shaping import DelayDirection, delay_line_queue, plan_shaping
+    from testbed.plan.hosts import comment
+    from testbed.plan.shaping import DelayDirection, plan_shaping
 
     work = []
     for item in config["ingress"]:
         line = plan_shaping(LinkParams(**item["params"]), shaper).delay_line
         if line is not None:
-            work.append(DelayDirection(item["key"], item["ifname"], len(work), line.latency, line.jitter, line.loss,
-                                       delay_line_queue(line), comment=f"testbed:{config['prefix']}"))
+            work.append(DelayDirection.serving(item["key"], item["ifname"], len(work), line,
+                                               comment=comment(config["prefix"])))
     return work
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.network import InterDCLink, LinkEnd, NetworkPlan, Node, direction_key, link_direction_params
-from testbed.plan.shaping import (DelayDirection, Shaper, Shaping, delay_line_queue, htb_burst, netem_options,
+from testbed.plan.shaping import (DelayDirection, Shaper, Shaping, htb_burst, netem_options,
                                   plan_shaping, queue_limit)
 from testbed.spec.errors import SpecError
 from testbed.spec.inventory import HostSpec, Inventory
@@ -171,9 +171,8 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
             apply.append(accounting_rule(dev, addresses[peer], peer, prefix))
             incoming = shaping[(peer, node.dc)].delay_line  # None under netem: the leaf delays
             if incoming is not None:
-                delay.append(DelayDirection(direction_key(peer, node.dc), dev, len(delay), incoming.latency,
-                                            incoming.jitter, incoming.loss, delay_line_queue(incoming),
-                                            addresses[peer], comment(prefix)))
+                delay.append(DelayDirection.serving(direction_key(peer, node.dc), dev, len(delay), incoming,
+                                                    addresses[peer], comment(prefix)))
         plans.append(HostPlan(node, host, workdir(host, prefix), tuple(tuple(c) for c in apply), tuple(delay),
                               {peer: classid[peer] for peer in peers}))
 

@@ -92,6 +92,12 @@ class DelayDirection:
     sources: tuple[str, ...] = ()
     comment: str = ""  # iptables comment on its rule, so an undo can find it
 
+    @classmethod
+    def serving(cls, key: str, ifname: str, queue: int, spec: DelayLineSpec, sources: tuple[str, ...] = (),
+                comment: str = "") -> "DelayDirection":
+        """The delay line's work for direction `key` as `spec` plans it, on NFQUEUE number `queue`."""
+        return cls(key, ifname, queue, spec.latency, spec.jitter, spec.loss, delay_line_queue(spec), sources, comment)
+
 
 @dataclass(frozen=True)
 class Shaping:
