@@ -30,7 +30,7 @@ from testbed.fabric.state import save as save_state
 from testbed.plan.containers import (LABEL, LABEL_DC, LABEL_NODE, LABEL_ROLE, NETWORK_OPTIONS, ContainersPlan,
                                      ContainerSpec)
 from testbed.plan.network import LinkEnd, NetworkPlan, build_plan
-from testbed.plan.shaping import Shaping
+from testbed.plan.shaping import Shaping, plan_shaping
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -219,9 +219,8 @@ class DockerFabric(Fabric):
     def adopt(self, plan: ContainersPlan, state: FabricState | None = None) -> None:
         """Use containers that docker compose started from a generated file (never removed by us)."""
         self.state = state
-        found = self._containers()
-        missing = [plan.container_name(c) for c in plan.containers
-                   if c.service not in {self._service(x) for x in found.values()}]
+        services = {self._service(x) for x in self._containers().values()}
+        missing = [plan.container_name(c) for c in plan.containers if c.service not in services]
         if missing:
             raise FabricError(f"docker: no container with label {LABEL}={self.prefix} for {', '.join(missing)}; "
                               "is the compose file generated from this topology (`testbed compose`)?")
@@ -322,12 +321,12 @@ class DockerFabric(Fabric):
         """Copy what the containers wrote into their copy of `local` (metrics files) back into `local`."""
         local.mkdir(parents=True, exist_ok=True)
         for node in sorted(self._outputs.pop(str(local), set())):
+            from docker.errors import NotFound
+
             try:
                 chunks, _ = self._container(node).get_archive(self._remote_dir(str(local)))
-            except Exception as error:  # the rank never created it (died early): nothing to fetch
-                if type(error).__name__ == "NotFound":
-                    continue
-                raise
+            except NotFound:  # the rank never created it (died early): nothing to fetch
+                continue
             with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
                 for member in tar.getmembers():
                     if member.isfile():
@@ -338,14 +337,14 @@ class DockerFabric(Fabric):
     def shape(self, key: str, params: LinkParams) -> None:
         """Change one direction live: the sending router changes its tc tree, the receiving one its delay line."""
         plan = self._require()
-        end = plan.link_end(key)
+        plan.link_end(key)  # a KeyError for a link that is not there, before any router is touched
         src, dst = key.split("->")
         payload = json.dumps(dataclasses.asdict(params))
         for dc in (src, dst):
             self._router_exec(dc, ["python", "-m", "testbed.fabric.router", "shape", key, payload], f"re-shaping {key}")
-        new = docker_network_plan(self.topology, plan.shaper, self.prefix, {key: params}).link_end(key)
+        new = plan_shaping(params, plan.shaper)  # what the routers now apply (an inter-DC end, as planned)
         self.plan = dataclasses.replace(plan, link_ends=tuple(
-            dataclasses.replace(e, shaping=new.shaping) if e.key == end.key else e for e in plan.link_ends))
+            dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
 
     def counters(self) -> dict[str, LinkCounters]:
         """Interface and qdisc counters of every router's egress link ends (one exec per router)."""
