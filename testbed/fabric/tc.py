@@ -5,20 +5,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyroute2.iproute.linux import get_arguments_processor
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from testbed.fabric.base import LinkCounters
 from testbed.plan.shaping import ROOT, Shaping, TcObject
 
 
-def tc_call(handle: Any, command: str, obj: TcObject, index: int) -> None:
-    """One `tc qdisc|class add|change` of a planned object on interface `index`."""
-    kwargs: dict[str, Any] = dict(obj.options)
-    kwargs["handle"] = obj.handle
+def tc_request(command: str, obj: TcObject, index: int) -> tuple[str, dict[str, Any]]:
+    """The verb and the normalised pyroute2 request of one `tc qdisc|class add|change` on interface `index`.
+
+    pyroute2 turns the keywords into the qdisc's options (netem: TCA_NETEM_RATE from `rate`) and then also
+    encodes every keyword that names a tcmsg attribute: `rate` becomes a top-level TCA_RATE (a rate
+    estimator, a byte string), which fails with "object of type 'int' has no len()". Its classifiers drop
+    `rate` in a fix_request hook; netem has none (pyroute2 0.9.7, and upstream as of 2026-01). Our objects
+    never ask for a rate estimator, so the top-level `rate` is dropped here for every kind, once.
+    """
+    verb = command if obj.what == "qdisc" else f"{command}-class"
+    kwargs: dict[str, Any] = {**obj.options, "kind": obj.kind, "index": index, "handle": obj.handle}
     if obj.parent != ROOT:
         kwargs["parent"] = obj.parent
-    verb = command if obj.what == "qdisc" else f"{command}-class"
-    handle.tc(verb, obj.kind, index=index, **kwargs)
+    request = get_arguments_processor("tc", verb, kwargs)
+    dict.pop(request, "rate", None)
+    return verb, request
+
+
+def tc_call(handle: Any, command: str, obj: TcObject, index: int) -> None:
+    """One `tc qdisc|class add|change` of a planned object on interface `index`."""
+    verb, request = tc_request(command, obj, index)
+    handle.tc(verb, obj.kind, index=index, request_filter=request)
 
 
 def add_tree(handle: Any, index: int, shaping: Shaping) -> None:
