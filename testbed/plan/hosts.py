@@ -118,8 +118,7 @@ def class_commands(dev: str, classid: str, params: LinkParams, shaper: Shaper, v
             netem += [f"{options['jitter']}us"]
         if options["loss"]:
             netem += ["loss", f"{options['loss']:.6g}%"]
-        if "rate" in options:
-            netem += ["rate", _tc_rate(options["rate"] * 8)]
+        netem += ["rate", _tc_rate(options["rate"] * 8)]  # always: `tc change` without it keeps the old rate
         out.append(netem)
     else:
         out.append([*leaf, "pfifo", "limit", str(limit)])

@@ -147,10 +147,23 @@ def netem_options(params: LinkParams, limit: int) -> dict[str, Any]:
         "loss": params.loss * 100.0,
         "limit": limit,
     }
-    # netem's own rate keeps jittered packets in order; it only fits a u32 of bytes/s.
-    if params.bandwidth is not None and params.bandwidth <= NETEM_RATE_MAX:
-        options["rate"] = int(params.bandwidth / 8)
+    options["rate"] = netem_rate(params)
     return options
+
+
+def netem_rate(params: LinkParams) -> int:
+    """netem's own rate in bytes/s, always given: a live `tc change` without one keeps the old rate.
+
+    The link's bandwidth where it fits netem's u32 (34.36 Gbit/s; HTB above enforces it as well). With jitter
+    and no such bandwidth, the u32 maximum: netem orders packets by their send time, so jitter without a rate
+    reorders them; with a rate each packet leaves after the one ahead (FIFO, the delay line's semantics).
+    0 (no rate) otherwise.
+    """
+    if params.bandwidth is not None and params.bandwidth <= NETEM_RATE_MAX:
+        return int(params.bandwidth / 8)
+    if params.jitter > 0:
+        return NETEM_RATE_MAX // 8
+    return 0
 
 
 def plan_shaping(params: LinkParams, shaper: Shaper, delay_line: bool = True) -> Shaping:
