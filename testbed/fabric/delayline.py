@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the supervisor and worker import only the standard library:
 EARLY_WAKE = 40e-6  # wake this much before the head is due
 RELEASE_SLACK = 20e-6  # release what is due within this much
 MAX_SLEEP = 0.002
+KERNEL_LACKS = 3  # the worker's exit status when the kernel has no nfnetlink_queue (it printed why)
 
 
 def assignments(plan: "NetworkPlan") -> dict[str, list[DelayDirection]]:
@@ -97,7 +98,8 @@ def start_all(work: "dict[str, list[DelayDirection]]", timeout: float = 10.0,
                 elif procs[ns].poll() is not None or time.monotonic() > deadline:
                     log = _files(ns)[2]
                     tail = log.read_text().strip().splitlines()[-1:] if log.exists() else []
-                    raise RuntimeError(f"delay line in {ns} did not start: {' '.join(tail) or 'timed out'}")
+                    said = " ".join(tail).removeprefix("delayline: ") or "timed out"
+                    raise RuntimeError(f"delay line in {ns} did not start: {said}")
             time.sleep(0.005)
     except BaseException:
         for proc in procs.values():
@@ -166,10 +168,15 @@ def worker(config_path: str) -> int:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
     libc.prctl(29, 1)  # PR_SET_TIMERSLACK: 1 ns, so short sleeps end on time
     items = _load(config_path)
-    sock = QueueSocket(timestamps=True)
+    try:
+        sock = QueueSocket(timestamps=True)
+        for item in items:
+            sock.bind(item["queue"], item["limit"], gso=item["loss"] == 0)
+    except OSError as error:
+        print(f"delayline: this kernel lacks nfnetlink_queue (NFQUEUE): binding a queue failed "
+              f"({error.strerror or error})", flush=True)
+        return KERNEL_LACKS
     directions = {item["queue"]: _Direction(item) for item in items}
-    for item in items:
-        sock.bind(item["queue"], item["limit"], gso=item["loss"] == 0)
     reload = False
 
     def on_hup(*_: object) -> None:
@@ -224,6 +231,19 @@ def worker(config_path: str) -> int:
             select.select([sock], [], [], timeout)
 
 
+def _iptables(rule: list[str]) -> str | None:
+    """Add one rule; None, or one line saying what is missing (the command, or the kernel's mangle/NFQUEUE)."""
+    try:
+        done = subprocess.run(["iptables", "-w", *rule], capture_output=True, text=True)
+    except FileNotFoundError:
+        return "iptables is not installed (apt-get install iptables)"
+    if done.returncode == 0:
+        return None
+    said = " ".join(done.stderr.split()) or f"exit {done.returncode}"
+    return (f"this kernel lacks the mangle table or the NFQUEUE target (iptable_mangle, xt_NFQUEUE): "
+            f"iptables {' '.join(rule[:4])} ... failed: {said}")
+
+
 def supervise(config_path: str) -> int:
     """Run (and re-run) the worker; set the iptables rules once it is bound; keep a status file."""
     items = _load(config_path)
@@ -254,7 +274,8 @@ def supervise(config_path: str) -> int:
         while not bound["flag"] and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         if not bound["flag"]:
-            print(f"delayline: worker failed to bind its queues (exit {child.poll()})", flush=True)
+            if child.poll() != KERNEL_LACKS:  # else the worker said why in one line
+                print(f"delayline: worker failed to bind its queues (exit {child.poll()})", flush=True)
             child.kill()
             return 1
         if not state["rules"]:
@@ -265,7 +286,11 @@ def supervise(config_path: str) -> int:
                 if item.get("comment"):
                     rule += ["-m", "comment", "--comment", item["comment"]]
                 rule += ["-j", "NFQUEUE", "--queue-num", str(item["queue"])]
-                subprocess.run(["iptables", "-w", *rule], check=True)
+                problem = _iptables(rule)
+                if problem:
+                    print(f"delayline: {problem}", flush=True)
+                    child.kill()
+                    return 1
                 state["rules"].append(" ".join(rule))
             state["ready"] = True
         write_state()

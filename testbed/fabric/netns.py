@@ -17,6 +17,7 @@ from testbed.fabric import cancel, delayline, nsexec
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.fabric.base import Fabric, FabricError, LinkCounters
+from testbed.fabric.kernel import needs
 from testbed.fabric.procs import alive
 from testbed.fabric.tc import add_tree, change_tree, interface_counters
 from testbed.plan.network import LinkEnd, NetworkPlan
@@ -35,11 +36,16 @@ GATEWAY_SYSCTLS = {"net/ipv4/ip_forward": "1", "net/ipv4/conf/all/rp_filter": "0
 
 
 def _set_sysctls(ns: str, values: dict[str, str]) -> None:
-    """Write /proc/sys entries as seen from inside `ns` (the net sysctls follow the thread's namespace)."""
+    """Write /proc/sys entries as seen from inside `ns` (the net sysctls follow the thread's namespace).
+
+    IPv6 entries are skipped on a kernel without IPv6: they only switch it off inside our namespaces."""
     netns.pushns(ns)
     try:
         for key, value in values.items():
-            with open(f"/proc/sys/{key}", "w") as out:
+            path = f"/proc/sys/{key}"
+            if key.startswith("net/ipv6/") and not os.path.isdir("/proc/sys/net/ipv6"):
+                continue
+            with open(path, "w") as out:
                 out.write(value)
     finally:
         netns.popns()
@@ -127,17 +133,20 @@ class NetnsFabric(Fabric):
             self._progress(f"creating {len(plan.namespaces)} namespaces")
             for space in plan.namespaces:
                 cancel.check()
-                netns.create(space.name)
+                with needs("network namespaces (CONFIG_NET_NS)", f"creating namespace {space.name}"):
+                    netns.create(space.name)
                 handles[space.name] = stack.enter_context(NetNS(space.name))
                 handles[space.name].link("set", index=1, state="up")
                 _set_sysctls(space.name, {**NODE_SYSCTLS, **(GATEWAY_SYSCTLS if space.forwarding else {})})
             for bridge in plan.bridges:
-                handles[bridge.ns].link("add", ifname=bridge.ifname, kind="bridge")
+                with needs("bridge (module bridge)", f"creating bridge {bridge.ns}/{bridge.ifname}"):
+                    handles[bridge.ns].link("add", ifname=bridge.ifname, kind="bridge")
             self._progress(f"wiring {len(plan.veths)} veth pairs")
             for pair in plan.veths:
                 cancel.check()
-                handles[pair.a.ns].link("add", ifname=pair.a.ifname, kind="veth",
-                                        peer={"ifname": pair.b.ifname, "net_ns_fd": pair.b.ns})
+                with needs("veth (module veth)", f"creating veth {pair.a.ns}/{pair.a.ifname}"):
+                    handles[pair.a.ns].link("add", ifname=pair.a.ifname, kind="veth",
+                                            peer={"ifname": pair.b.ifname, "net_ns_fd": pair.b.ns})
             indexes: dict[tuple[str, str], int] = {}
             for iface in [b for b in plan.bridges] + [i for p in plan.veths for i in (p.a, p.b)]:
                 ns = handles[iface.ns]
@@ -156,7 +165,7 @@ class NetnsFabric(Fabric):
             self._progress(f"shaping {len(plan.link_ends)} link ends ({plan.shaper})")
             for end in plan.link_ends:
                 cancel.check()
-                add_tree(handles[end.ns], indexes[(end.ns, end.ifname)], end.shaping)
+                add_tree(handles[end.ns], indexes[(end.ns, end.ifname)], end.shaping, where=f"{end.ns}/{end.ifname}")
 
     def _start_delay_lines(self, plan: NetworkPlan) -> None:
         by_gateway = delayline.assignments(plan)
@@ -164,7 +173,10 @@ class NetnsFabric(Fabric):
             return
         self._progress(f"starting {len(by_gateway)} userspace delay lines")
         cancel.check()
-        pids = delayline.start_all(by_gateway)
+        try:
+            pids = delayline.start_all(by_gateway)
+        except RuntimeError as error:
+            raise FabricError(str(error)) from None
         if self.state is not None:
             self.state.delay_lines = pids
             save_state(self.state)

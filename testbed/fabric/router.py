@@ -34,23 +34,15 @@ def _config() -> dict:
     return json.loads(os.environ[ROUTER_ENV])
 
 
-def netem_here(ipr) -> bool:
-    """Whether this kernel has sch_netem: try one on this container's loopback."""
-    from pyroute2 import NetlinkError
-
-    try:
-        ipr.tc("add", "netem", index=1, handle=0x10000, delay=1000)
-    except NetlinkError:
-        return False
-    ipr.tc("del", index=1, handle=0x10000)
-    return True
-
-
 def _resolve(requested: str, ipr) -> str:
+    from testbed.fabric.kernel import netem_on
+
     if requested == "auto":
-        return "netem" if netem_here(ipr) else "userspace-delay"
-    if requested == "netem" and not netem_here(ipr):
-        raise SystemExit("router: shaper netem requested but this kernel has no sch_netem")
+        return "netem" if netem_on(ipr)[0] else "userspace-delay"
+    if requested == "netem":
+        ok, reason = netem_on(ipr)
+        if not ok:
+            raise SystemExit(f"router: shaper netem requested but {reason}")
     return requested
 
 

@@ -9,6 +9,7 @@ from pyroute2.iproute.linux import get_arguments_processor
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from testbed.fabric.base import LinkCounters
+from testbed.fabric.kernel import needs
 from testbed.plan.shaping import ROOT, Shaping, TcObject
 
 
@@ -36,9 +37,11 @@ def tc_call(handle: Any, command: str, obj: TcObject, index: int) -> None:
     handle.tc(verb, obj.kind, index=index, request_filter=request)
 
 
-def add_tree(handle: Any, index: int, shaping: Shaping) -> None:
+def add_tree(handle: Any, index: int, shaping: Shaping, where: str = "") -> None:
+    """Add every planned object; a qdisc the kernel lacks is one line naming it (`where`: the interface)."""
     for obj in shaping.tc:
-        tc_call(handle, "add", obj, index)
+        with needs(f"sch_{obj.kind}", f"tc {obj.what} add {obj.kind} on {where or f'interface {index}'}"):
+            tc_call(handle, "add", obj, index)
 
 
 def change_tree(handle: Any, index: int, old: Shaping, new: Shaping) -> None:
