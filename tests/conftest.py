@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.uml.plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"
 

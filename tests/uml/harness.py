@@ -1,0 +1,229 @@
+"""Run a command inside user-mode Linux: a 6.1 kernel with sch_netem, booted on the host's own file system.
+
+Debian's `user-mode-linux` package gives `/usr/bin/linux.uml` and its modules under
+`/usr/lib/uml/modules/<version>/`. The kernel runs as an ordinary host process (no KVM), with the host's root
+file system mounted through hostfs, so the command sees this checkout and its `.venv` as they are. PID 1 is a
+small shell script written here: it mounts proc, sysfs, devtmpfs and tmpfs on /run, /tmp and /dev/shm (so
+nothing the command writes there reaches the host), points the kernel's module loader at the package's
+modules (nothing is written under the host's /lib/modules), loads the modules asked for (ipv6 by default:
+distribution kernels have it from boot), runs the command and powers off. Its output and exit status come
+back through files in a host directory under /var/tmp, which is removed afterwards.
+
+UML has one CPU and its timing is looser than the host's; use it to prove that a kernel path works and is
+restored, and keep the host's benchmarks as the fidelity reference.
+
+    python -m tests.uml.harness [--timeout S] [--mem 2G] [--modules ipv6,...] -- COMMAND [ARG...]
+    (scripts/uml-run is the same)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL = Path("/usr/bin/linux.uml")
+MODULES = Path("/usr/lib/uml/modules")
+INSIDE_ENV = "TESTBED_IN_UML"  # set for the command: tests and benchmarks know where they run
+DEFAULT_MODULES = ("ipv6",)
+KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "CI", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    output: str
+    seconds: float
+
+
+class UmlUnavailable(RuntimeError):
+    """This machine cannot boot user-mode Linux; str() says why and what to install."""
+
+
+def kernel_version() -> str:
+    versions = sorted(p.name for p in MODULES.iterdir() if p.is_dir()) if MODULES.is_dir() else []
+    if not versions:
+        raise UmlUnavailable(f"no UML kernel modules under {MODULES} (apt-get install user-mode-linux kmod)")
+    return versions[-1]
+
+
+def unavailable_reason() -> str | None:
+    """Why UML cannot run here, or None when it can."""
+    if inside():
+        return "already inside user-mode Linux"
+    if not KERNEL.exists():
+        return f"{KERNEL} is missing (apt-get install user-mode-linux kmod; scripts/setup --tests does it)"
+    if shutil.which("modprobe") is None and not Path("/sbin/modprobe").exists():
+        return "modprobe is missing (apt-get install kmod)"
+    try:
+        kernel_version()
+    except UmlUnavailable as error:
+        return str(error)
+    if os.geteuid() != 0:
+        return "needs root (the command inside creates namespaces as the host's root user through hostfs)"
+    return None
+
+
+def inside() -> bool:
+    """Whether this process runs inside user-mode Linux."""
+    try:
+        return "User Mode Linux" in Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+INIT = """#!/bin/sh
+# PID 1 of a user-mode Linux run (written by tests/uml/harness.py)
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mkdir -p /dev/shm /dev/pts && mount -t tmpfs tmpfs /dev/shm && mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=755 tmpfs /run
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p /run/netns /run/uml-modules/lib/modules
+ln -s {modules} /run/uml-modules/lib/modules/{version}
+cat > /run/uml-modprobe <<'MODPROBE'
+#!/bin/sh
+for arg in "$@"; do
+  for denied in {deny}; do [ "$arg" = "$denied" ] && exit 1; done
+done
+exec /sbin/modprobe -d /run/uml-modules "$@"
+MODPROBE
+chmod 755 /run/uml-modprobe
+echo /run/uml-modprobe > /proc/sys/kernel/modprobe
+for module in {load}; do /run/uml-modprobe "$module" || echo "uml: cannot load module $module" >> {output}; done
+mkdir -p /run/uml-bin  # UML's kernel has no nf_tables for IPv4 (CONFIG_NF_TABLES_IPV4 unset): legacy iptables
+for tool in iptables iptables-save iptables-restore; do ln -s "/usr/sbin/$tool-legacy" "/run/uml-bin/$tool"; done
+PATH=/run/uml-bin:$PATH
+ip link set lo up
+hostname uml
+. {envfile}
+PATH=/run/uml-bin:$PATH
+export PATH
+cd {cwd} && {command} >> {output} 2>&1 </dev/null
+echo $? > {rcfile}
+sync
+poweroff -f
+"""
+
+
+def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None, timeout: float = 600,
+        mem: str = "2G", modules: tuple[str, ...] = DEFAULT_MODULES, deny: tuple[str, ...] = (),
+        stream=None) -> Result:
+    """Boot UML, run `argv` in `cwd` with `env` (added to a few of this process's variables) and return its
+    exit status and output. `modules` are loaded first; the kernel's loader refuses the names in `deny` (a
+    kernel without that feature). `stream`: a text file that gets the output as it comes. Raises
+    UmlUnavailable."""
+    why = unavailable_reason()
+    if why:
+        raise UmlUnavailable(why)
+    version = kernel_version()
+    work = Path(tempfile.mkdtemp(prefix="tb-uml-", dir="/var/tmp"))
+    output, rcfile, envfile, init = work / "output", work / "rc", work / "env", work / "init"
+    try:
+        variables = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+        variables.update(env or {})
+        variables[INSIDE_ENV] = "1"
+        envfile.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items()))
+        output.write_text("")
+        init.write_text(INIT.format(modules=shlex.quote(str(MODULES / version)), version=version,
+                                    load=" ".join(shlex.quote(m) for m in modules),
+                                    deny=" ".join(shlex.quote(m) for m in deny) or "''", output=shlex.quote(str(output)),
+                                    envfile=shlex.quote(str(envfile)), cwd=shlex.quote(str(cwd or os.getcwd())),
+                                    command=shlex.join(argv), rcfile=shlex.quote(str(rcfile))))
+        init.chmod(0o755)
+        kernel_argv = [str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
+                       f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
+                       f"umid=tb-uml-{os.getpid()}", f"uml_dir={work}"]
+        start = time.monotonic()
+        with open(work / "console", "wb") as console:
+            proc = subprocess.Popen(kernel_argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=work,
+                                    env={**os.environ, "TMPDIR": str(work)})  # its memory file goes here too
+            shown = 0
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if stream is not None:
+                        shown = _show(output, shown, stream)
+                    if time.monotonic() - start > timeout:
+                        break
+            finally:
+                _kill_group(proc)
+        seconds = time.monotonic() - start
+        if stream is not None:
+            _show(output, shown, stream)
+        text = output.read_text(errors="replace")
+        try:
+            code = int(rcfile.read_text().strip())
+        except (OSError, ValueError):
+            reason = (f"timed out after {timeout:.0f}s" if seconds > timeout
+                      else f"user-mode Linux ended without the command's exit status (kernel exit {proc.returncode})")
+            tail = (work / "console").read_text(errors="replace").strip().splitlines()[-15:]
+            text += f"\numl: {reason}; console:\n" + "\n".join(tail)
+            code = 124 if seconds > timeout else 125
+        return Result(code, text, seconds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _show(path: Path, offset: int, stream) -> int:
+    try:
+        with open(path, errors="replace") as src:
+            src.seek(offset)
+            chunk = src.read()
+    except OSError:
+        return offset
+    if chunk:
+        stream.write(chunk)
+        stream.flush()
+    return offset + len(chunk.encode())
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """UML runs as several host processes in its own session: kill them all, also on success (no stragglers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="uml-run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--mem", default="2G")
+    parser.add_argument("--modules", default=",".join(DEFAULT_MODULES),
+                        help="modules to load before the command (comma-separated; others load on demand)")
+    parser.add_argument("--deny", default="", help="module names the kernel's loader refuses (comma-separated)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    options = parser.parse_args(args)
+    command = options.command[1:] if options.command[:1] == ["--"] else options.command
+    if not command:
+        parser.error("give a command after --")
+    try:
+        result = run(command, timeout=options.timeout, mem=options.mem,
+                     modules=tuple(m for m in options.modules.split(",") if m),
+                     deny=tuple(m for m in options.deny.split(",") if m), stream=sys.stdout)
+    except UmlUnavailable as error:
+        print(f"uml-run: {error}", file=sys.stderr)
+        return 2
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
