@@ -10,7 +10,10 @@ Per cell (steps after the warm-up only):
 - inter_dc_gb_per_step: bytes the kernel counted leaving every inter-DC link end during the cell, over
   all its steps (start-up traffic included, so a slight over-estimate), beside the workload's own
   ring-model estimate (wire_inter) and its payload count (bytes_inter);
-- final_loss and the loss curve.
+- final_loss and the loss curve;
+- delay_late_p99_ms: how late the userspace delay line itself released packets (p99 on the cell's worst link;
+  flagged when above max(5 % of that link's delay, 1 ms)): emulator error, as opposed to the endpoints' own
+  scheduling. netem keeps no such figure.
 """
 
 from __future__ import annotations
@@ -53,6 +56,18 @@ def _sweep_columns(results: list[dict]) -> list[str]:
     return keys
 
 
+def worst_lateness(result: dict) -> dict:
+    """The delay line's lateness on the cell's worst link (by p99): delay_late_p99_ms, its link, max and bound,
+    and whether any link exceeded its bound; nothing when no delay line ran (netem)."""
+    links = {key: value for key, value in (result.get("delay_line") or {}).items() if value.get("p99_ms") is not None}
+    if not links:
+        return {}
+    worst = max(links, key=lambda key: links[key]["p99_ms"])
+    return {"delay_late_p99_ms": links[worst]["p99_ms"], "delay_late_max_ms": max(v["max_ms"] for v in links.values()),
+            "delay_late_link": worst, "delay_late_bound_ms": links[worst]["bound_ms"],
+            "delay_late_flag": any(value["late"] for value in links.values())}
+
+
 def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """One row per cell with the derived figures (see module docstring)."""
     sweep_keys = _sweep_columns(results)
@@ -67,6 +82,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
         row["inter_dc_bytes_kernel"] = sum(v["tx_bytes"] for v in link_bytes.values())
         for key, value in link_bytes.items():
             row[f"bytes[{key}]"] = value["tx_bytes"]
+        row.update(worst_lateness(result))
         mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps
         if result["status"] == "ok" and not mine.empty:
             total_steps = int(mine["step"].max()) + 1

@@ -105,6 +105,12 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
     failed = summary[summary["status"] != "ok"] if not summary.empty else summary
     for _, row in failed.iterrows():
         lines.append(f"Cell `{row['cell']}` FAILED: {row['reason']}")
+    if "delay_late_flag" in summary:
+        for _, row in summary[summary["delay_late_flag"] == True].iterrows():  # noqa: E712 (NaN where not measured)
+            lines.append(f"Cell `{row['cell']}`: the userspace delay line itself released packets "
+                         f"{row['delay_late_p99_ms']:.2f} ms late at p99 on {row['delay_late_link']} (bound "
+                         f"{row['delay_late_bound_ms']:.2f} ms = max(5 % of its delay, 1 ms)): part of this cell's "
+                         "time is emulator error, not the emulated network's.")
     if agg.empty or "tokens_per_s" not in agg:  # e.g. a user's own command: no step metrics
         for _, row in summary[summary["status"] == "ok"].iterrows() if not summary.empty else []:
             lines.append(f"Cell `{row['cell']}` finished; {row['inter_dc_bytes_kernel'] / 1e6:.1f} MB crossed the "
@@ -179,6 +185,19 @@ def _check_line(check: dict) -> str:
     return f"{verdict}: {(claim + ' — ') if claim else ''}{_describe_threshold(check['threshold'])}: measured {value}{why}"
 
 
+LATENESS_TEXT = ("How late the delay line released each packet against its due time, per link and cell: the "
+                 "emulator's own error, apart from the endpoints' scheduling (which the probe's RTT includes). "
+                 "`late` marks a p99 above max(5 % of the link's delay, 1 ms).")
+NO_LATENESS = "(no userspace delay line ran: netem keeps no figure of how late it releases packets)"
+
+
+def lateness_table(results: list[dict]) -> pd.DataFrame:
+    rows = [{"cell": result["cell"]["id"], "link": key, **{k: figures.get(k) for k in (
+             "packets", "delay_ms", "p50_ms", "p99_ms", "max_ms", "bound_ms", "late")}}
+            for result in results for key, figures in (result.get("delay_line") or {}).items()]
+    return pd.DataFrame(rows)
+
+
 def build_report(run_dir: Path) -> Path:
     """Write steps.csv, summary.csv, summary_by_point.csv, thresholds.json, plots/, report.md, report.html."""
     run_dir = Path(run_dir)
@@ -221,13 +240,17 @@ def build_report(run_dir: Path) -> Path:
            links.to_markdown(index=False) if not links.empty else "(none)", ""]
     if not cal.empty:
         md += ["## Link calibration per cell", "", cal.to_markdown(index=False, floatfmt=".3f"), ""]
+    late = lateness_table(results)
+    md += ["## Emulator lateness (userspace delay line, during each cell)", "", LATENESS_TEXT, "",
+           late.to_markdown(index=False, floatfmt=".3f") if not late.empty else NO_LATENESS, ""]
     (run_dir / "report.md").write_text("\n".join(md))
-    (run_dir / "report.html").write_text(_html(manifest, run_dir, notes, checks, main_table, images, links, cal))
+    (run_dir / "report.html").write_text(_html(manifest, run_dir, notes, checks, main_table, images, links, cal,
+                                               late))
     return run_dir / "report.html"
 
 
 def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], table: pd.DataFrame,
-          images: list[tuple[str, str]], links: pd.DataFrame, cal: pd.DataFrame) -> str:
+          images: list[tuple[str, str]], links: pd.DataFrame, cal: pd.DataFrame, late: pd.DataFrame) -> str:
     esc = html.escape
 
     def md_bold(text: str) -> str:
@@ -249,4 +272,6 @@ img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail
 <h2>Links as the topology sets them (cells apply their sweep values; see the calibration)</h2>
 {links.to_html(index=False)}
 {'<h2>Link calibration per cell</h2>' + cal.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not cal.empty else ''}
+<h2>Emulator lateness (userspace delay line, during each cell)</h2><p>{esc(LATENESS_TEXT)}</p>
+{late.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not late.empty else f'<p>{esc(NO_LATENESS)}</p>'}
 </body></html>"""

@@ -59,6 +59,11 @@ class Fabric(ABC):
     def fetch_outputs(self, local: Path) -> None:
         """Bring back what nodes wrote into TESTBED_METRICS_DIR=`local` (remote backends; local ones share it)."""
 
+    def delay_line_stats(self) -> dict[str, dict]:
+        """Direction key -> the userspace delay line's cumulative release figures, {worker, released, late:
+        {bucket: packets}} (testbed.fabric.delayline); empty where none runs (netem keeps no such figure)."""
+        return {}
+
     @abstractmethod
     def dead_delay_lines(self) -> list[str]:
         """Where a planned delay mechanism is not running (its links are dark): runs must fail on these."""

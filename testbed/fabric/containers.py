@@ -355,6 +355,13 @@ class DockerFabric(Fabric):
             out.update({key: LinkCounters(**value) for key, value in data.items()})
         return out
 
+    def delay_line_stats(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for dc in self.topology.dcs:
+            out.update(json.loads(self._router_exec(dc.name, ["python", "-m", "testbed.fabric.router", "lateness"],
+                                                    "reading the delay line's figures")))
+        return out
+
     def status(self) -> dict[str, Any]:
         plan = self._require()
         containers = self._containers()

@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from testbed.atomic import write_text
 from testbed.fabric import nsexec
@@ -137,27 +137,160 @@ def reconfigure(ns: str, key: str, spec: "DelayLineSpec") -> None:
     os.kill(pid, signal.SIGHUP)
 
 
+def stats_path(ns: str) -> Path:
+    return _files(ns)[0].with_suffix("").with_suffix(".delayline.stats")
+
+
+def snapshot(namespaces: list[str], timeout: float = 1.0) -> dict[str, dict]:
+    """Direction key -> {worker, released, late} as the delay lines of `namespaces` know it right now (each
+    worker is asked to write its figures, SIGUSR2; a dead one contributes what it last wrote)."""
+    return fresh_stats(namespaces, lambda ns: stats_path(ns).read_text(), lambda ns: _signal_worker(ns), timeout)
+
+
+def fresh_stats(places: list, read: Callable[[Any], str], ask: Callable[[Any], None],
+                timeout: float = 1.0) -> dict[str, dict]:
+    """Ask every place's worker for its stats, then wait (up to `timeout`) until each file was rewritten:
+    `written` changes (compared with itself, so clocks of other hosts do not matter)."""
+
+    def load(place: Any) -> dict:
+        try:
+            return json.loads(read(place))
+        except (OSError, ValueError):
+            return {}
+
+    before = {id(place): load(place).get("written") for place in places}
+    for place in places:
+        ask(place)
+    out: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    for place in places:
+        data = load(place)
+        while data.get("written") == before[id(place)] and time.monotonic() < deadline:
+            time.sleep(0.01)
+            data = load(place)
+        out.update(data.get("directions", {}))
+    return out
+
+
+def _signal_worker(ns: str) -> None:
+    pid = read_status(ns).get("worker")
+    if pid and alive(pid):
+        try:
+            os.kill(pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            pass
+
+
 def remove_files(prefix: str) -> None:
     for path in state_dir().glob(f"{prefix}*.delayline.*"):
         path.unlink(missing_ok=True)
 
 
 # --- the delay line itself (runs inside the gateway namespace) -----------------------------------
-class _Direction:
-    def __init__(self, item: dict) -> None:
-        self.queue: int = item["queue"]
-        self.fifo: list[tuple[float, int]] = []
+LATE_BUCKET = 1e-5  # seconds per bucket of the lateness histogram (10 us)
+RT_ENV, RT_PRIORITY = "TESTBED_DELAY_LINE_RT", 10
+STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
+
+
+class Direction:
+    """One delayed direction, pure: which packets to drop, when each is due (latency +- jitter, FIFO: never
+    before the packet ahead), what to release at a given time, and how late each release was."""
+
+    def __init__(self, queue: int, latency: float, jitter: float, loss: float, rng: random.Random) -> None:
+        self.queue = queue
+        self.latency, self.jitter, self.loss = latency, jitter, loss
+        self.rng = rng
+        self.fifo: list[tuple[float, int]] = []  # (due, packet id) in arrival order
         self.head = 0
         self.last_due = 0.0
-        self.configure(item)
+        self.late: dict[int, int] = {}  # lateness bucket -> packets released that late
+        self.released = 0
 
-    def configure(self, item: dict) -> None:
-        self.latency, self.jitter, self.loss = item["latency"], item["jitter"], item["loss"]
+    def configure(self, latency: float, jitter: float, loss: float) -> None:
+        self.latency, self.jitter, self.loss = latency, jitter, loss
+
+    def admit(self, packet_id: int, arrival: float) -> bool:
+        """Queue a packet that arrived at `arrival`; False: drop it (loss)."""
+        if self.loss and self.rng.random() < self.loss:
+            return False
+        delay = self.latency
+        if self.jitter:
+            delay = max(0.0, delay + self.rng.uniform(-self.jitter, self.jitter))
+        due = max(arrival + delay, self.last_due)
+        self.last_due = due
+        self.fifo.append((due, packet_id))
+        return True
+
+    def release(self, now: float, slack: float = 0.0) -> int | None:
+        """The id of the last packet due by `now + slack` (all before it are released too), or None;
+        records each released packet's lateness, now - due (early releases within the slack count as 0)."""
+        fifo, head, late = self.fifo, self.head, self.late
+        last = None
+        while head < len(fifo) and fifo[head][0] <= now + slack:
+            due, last = fifo[head]
+            bucket = int((now - due) / LATE_BUCKET) if now > due else 0
+            late[bucket] = late.get(bucket, 0) + 1
+            head += 1
+        if last is not None:
+            self.released += head - self.head
+        if head > 1024 and head * 2 > len(fifo):
+            del fifo[:head]
+            head = 0
+        self.head = head
+        return last
+
+    def next_due(self) -> float | None:
+        return self.fifo[self.head][0] if self.head < len(self.fifo) else None
+
+
+def lateness_summary(late: dict, packets: int | None = None) -> dict:
+    """p50, p99 and max lateness (ms) of a histogram {bucket: packets} (keys may be strings, from JSON)."""
+    counts = sorted((int(bucket), count) for bucket, count in late.items() if count > 0)
+    total = sum(count for _, count in counts)
+    out = {"packets": total if packets is None else packets, "p50_ms": None, "p99_ms": None, "max_ms": None}
+    if not total:
+        return out
+    for name, q in (("p50_ms", 0.5), ("p99_ms", 0.99)):
+        rank, seen = q * total, 0
+        for bucket, count in counts:
+            seen += count
+            if seen >= rank:
+                out[name] = bucket * LATE_BUCKET * 1e3
+                break
+    out["max_ms"] = counts[-1][0] * LATE_BUCKET * 1e3
+    return out
+
+
+def lateness_delta(before: dict, after: dict) -> dict:
+    """What one direction's histogram gained between two stats snapshots (a restarted worker starts again)."""
+    if not before or before.get("worker") != after.get("worker"):
+        return dict(after.get("late", {}))
+    old = before.get("late", {})
+    return {bucket: count - old.get(bucket, 0) for bucket, count in after.get("late", {}).items()
+            if count - old.get(bucket, 0) > 0}
 
 
 def _load(path: str) -> list[dict]:
     with open(path) as src:
         return json.load(src)
+
+
+def _realtime() -> str:
+    """SCHED_FIFO for the worker unless $TESTBED_DELAY_LINE_RT is 0 (the figures say what ran): busy ranks on
+    the same cores otherwise delay its releases by milliseconds (bench/delay_line_priority.py)."""
+    if os.environ.get(RT_ENV, "1") == "0":
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): run as before
+        return "other"
+    return "fifo"
+
+
+def _write_stats(path: Path, by_key: dict[str, Direction], sched: str) -> None:
+    write_text(path, json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
+        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "late": line.late}
+        for key, line in by_key.items()}}))
 
 
 def worker(config_path: str) -> int:
@@ -176,54 +309,44 @@ def worker(config_path: str) -> int:
         print(f"delayline: this kernel lacks nfnetlink_queue (NFQUEUE): binding a queue failed "
               f"({error.strerror or error})", flush=True)
         return KERNEL_LACKS
-    directions = {item["queue"]: _Direction(item) for item in items}
-    reload = False
-
-    def on_hup(*_: object) -> None:
-        nonlocal reload
-        reload = True
-
-    signal.signal(signal.SIGHUP, on_hup)
-    print(json.dumps({"worker": os.getpid(), "bound": sorted(directions)}), flush=True)
-    os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
+    sched = _realtime()
     rng = random.Random()
+    directions = {item["queue"]: Direction(item["queue"], item["latency"], item["jitter"], item["loss"], rng)
+                  for item in items}
+    by_key = {item["key"]: directions[item["queue"]] for item in items}
+    stats_path = Path(config_path).with_suffix("").with_suffix(".delayline.stats")
+    flags = {"reload": False, "stats": True}
+    signal.signal(signal.SIGHUP, lambda *_: flags.update(reload=True))
+    signal.signal(signal.SIGUSR2, lambda *_: flags.update(stats=True))  # a runner wants the figures now
+    print(json.dumps({"worker": os.getpid(), "bound": sorted(directions), "scheduling": sched}), flush=True)
+    os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
+    next_stats, written = time.monotonic() + STATS_EVERY, -1
     while True:
-        if reload:
-            reload = False
+        if flags["reload"]:
+            flags["reload"] = False
             for item in _load(config_path):
                 if item["queue"] in directions:
-                    directions[item["queue"]].configure(item)
+                    directions[item["queue"]].configure(item["latency"], item["jitter"], item["loss"])
+        if flags["stats"] or (time.monotonic() > next_stats and sum(x.released for x in directions.values()) != written):
+            flags["stats"] = False
+            next_stats = time.monotonic() + STATS_EVERY
+            written = sum(x.released for x in directions.values())
+            _write_stats(stats_path, by_key, sched)
         now = time.time()
         for packet in sock.receive():
             line = directions.get(packet.queue)
             if line is None:
                 continue
-            if line.loss and rng.random() < line.loss:
+            if not line.admit(packet.packet_id, packet.timestamp if packet.timestamp is not None else now):
                 sock.verdict(packet.queue, packet.packet_id, NF_DROP)
-                continue
-            arrival = packet.timestamp if packet.timestamp is not None else now
-            delay = line.latency
-            if line.jitter:
-                delay = max(0.0, delay + rng.uniform(-line.jitter, line.jitter))
-            due = max(arrival + delay, line.last_due)
-            line.last_due = due
-            line.fifo.append((due, packet.packet_id))
         now = time.time()
         wake = None
         for line in directions.values():
-            fifo, head = line.fifo, line.head
-            last = None
-            while head < len(fifo) and fifo[head][0] <= now + RELEASE_SLACK:
-                last = fifo[head][1]
-                head += 1
+            last = line.release(now, RELEASE_SLACK)
             if last is not None:
                 sock.accept_up_to(line.queue, last)
-            if head > 1024 and head * 2 > len(fifo):
-                del fifo[:head]
-                head = 0
-            line.head = head
-            if head < len(fifo):
-                due = fifo[head][0]
+            due = line.next_due()
+            if due is not None:
                 wake = due if wake is None else min(wake, due)
         # select(), not poll(): poll rounds its timeout up to whole milliseconds.
         timeout = 0.2 if wake is None else min(wake - time.time() - EARLY_WAKE, MAX_SLEEP)

@@ -208,6 +208,9 @@ class NetnsFabric(Fabric):
         pids = self.state.delay_lines if self.state else {}
         return sorted(ns for ns in delayline.assignments(plan) if not alive(pids.get(ns, -1)))
 
+    def delay_line_stats(self) -> dict[str, dict]:
+        return delayline.snapshot(sorted(delayline.assignments(self._require_plan())))
+
     # --- teardown ---------------------------------------------------------------------------------
     def down(self) -> None:
         clean(self.prefix)

@@ -8,6 +8,7 @@
             the delay line dies the router exits: its links go dark and the harness sees a stopped router.
   shape KEY PARAMS_JSON   change one direction live (exec'd by the harness)
   counters  the egress link ends' counters, JSON
+  lateness  the delay line's release figures per direction (how late it released packets), JSON
   idle      what a node container runs: nothing, until it is stopped
 Shared state lives in /run/testbed (router.json: the resolved shaper and the parameters applied now).
 """
@@ -161,6 +162,15 @@ def counters() -> int:
     return 0
 
 
+def lateness() -> int:
+    """The delay line's release figures per direction it serves, JSON ({} under netem)."""
+    from testbed.fabric import delayline
+
+    state = json.loads(STATE.read_text())
+    print(json.dumps(delayline.snapshot([DELAY_LINE]) if state.get("delay_line") else {}))
+    return 0
+
+
 def idle() -> int:
     """A node container's main process: wait to be stopped (PID 1 must handle SIGTERM itself)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -169,7 +179,7 @@ def idle() -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"serve": serve, "shape": shape, "counters": counters, "idle": idle}
+    commands = {"serve": serve, "shape": shape, "counters": counters, "lateness": lateness, "idle": idle}
     if not argv or argv[0] not in commands:
         print(f"usage: python -m testbed.fabric.router {'|'.join(commands)} [ARGS]", file=sys.stderr)
         return 2

@@ -218,6 +218,20 @@ class SshFabric(Fabric):
         return (self.state.backend_state.get("hosts", {}).get(item.host.name, {}) if self.state else {}).get(
             "delay_line_pid")
 
+    def delay_line_stats(self) -> dict[str, dict]:
+        """Each receiving host's delay-line figures (its worker is asked for them: kill -USR2)."""
+        from testbed.fabric.delayline import fresh_stats
+
+        items = [item for item in self._require().hosts if item.delay_line]
+
+        def ask(item: HostPlan) -> None:
+            worker = self._delay_status(item).get("worker")
+            if worker:
+                self.connect(item.host).run(["kill", "-USR2", str(worker)], sudo=item.host.sudo)
+
+        return fresh_stats(items, lambda item: self._read(item, self._delay_files(item)[0].removesuffix(".json")
+                                                          + ".stats"), ask, timeout=3.0)
+
     def _delay_line_dead(self, item: HostPlan) -> bool:
         pid = self._supervisor_pid(item)
         return pid is None or self.connect(item.host).run(["kill", "-0", str(pid)], sudo=item.host.sudo).code != 0

@@ -94,6 +94,27 @@ def counter_delta(before: dict, after: dict) -> dict[str, dict[str, int]]:
     return {key: {name: after[key][name] - before[key][name] for name in after[key]} for key in after}
 
 
+LATE_FLAG_FRACTION, LATE_FLAG_FLOOR_MS = 0.05, 1.0  # the emulator itself is too late above max(5 % of delay, 1 ms)
+
+
+def late_bound_ms(delay_ms: float) -> float:
+    """p99 lateness of the delay line above which a cell's figures carry emulator error, not just endpoints'."""
+    return max(LATE_FLAG_FRACTION * delay_ms, LATE_FLAG_FLOOR_MS)
+
+
+def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:
+    """Per delayed direction: how late the delay line released this cell's packets against their due times."""
+    from testbed.fabric.delayline import lateness_delta, lateness_summary
+
+    out = {}
+    for key, figures in sorted(after.items()):
+        summary = lateness_summary(lateness_delta(before.get(key, {}), figures))
+        delay_ms = testbed.plan.link_end(key).shaping.params.latency * 1e3
+        out[key] = {**summary, "delay_ms": delay_ms, "bound_ms": late_bound_ms(delay_ms),
+                    "late": summary["p99_ms"] is not None and summary["p99_ms"] > late_bound_ms(delay_ms)}
+    return out
+
+
 def reshape(testbed: Testbed, cell: Cell) -> None:
     """Bring every inter-DC direction to the cell's parameters with live changes only where they differ."""
     from testbed.fabric import state as state_store
@@ -118,6 +139,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     started = time.time()
     probe = calibrate(testbed, calibration)
     before = inter_dc_counters(testbed)
+    late_before = testbed.fabric.delay_line_stats()
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir)
     group = RankGroup(testbed.fabric, specs, argv, log_dir)
     try:
@@ -131,12 +153,16 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         group.close()
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
+    lateness = delay_line_lateness(testbed, late_before, testbed.fabric.delay_line_stats())
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
               "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
               "seconds": outcome.seconds, "started": started, "calibration": probe,
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
-              "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after}}
+              "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
+              "delay_line": lateness,
+              "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
+                                 "netem keeps no figure of how late it releases packets"}
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
     return result
 

@@ -61,6 +61,14 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
     baseline = [r for r in rows if r["baseline"] == "True"]
     assert {r["strategy"] for r in baseline} == {"flat-dp", "hier-dp"}
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    if manifest["shaper"] == "userspace-delay":  # the emulator's own lateness, per cell and link
+        for row in rows:
+            assert 0 <= float(row["delay_late_p99_ms"]) <= float(row["delay_late_max_ms"]), row
+            assert row["delay_late_link"] in ("east->west", "west->east")
+        result = json.loads(next((run_dir / "cells").glob("flat-dp__latency-east-west=5ms*/result.json")).read_text())
+        late = result["delay_line"]["east->west"]
+        assert late["packets"] > 100 and late["delay_ms"] == 5.0 and late["bound_ms"] == 1.0
+        assert "## Emulator lateness" in (run_dir / "report.md").read_text()
     assert manifest["shaper"] in ("netem", "userspace-delay") and manifest["links"]["east->west"]["mechanism"]
     assert manifest["versions"]["torch"].startswith("2.") and manifest["experiment_sha256"]
     assert manifest["links"]["west->east"]["shaper"] == manifest["shaper"] and manifest["finished"]

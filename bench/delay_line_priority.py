@@ -1,0 +1,95 @@
+"""Does SCHED_FIFO for the delay-line worker help under CPU load? The delay line's own lateness, measured.
+
+A pair of DCs (10 ms one way, 1 Gbit/s); per repetition and scheduling mode (normal vs SCHED_FIFO, alternating):
+bring the link up, start N busy processes (none, or more than this machine's cores), run pings and a TCP flow
+paced at 200 Mbit/s across it for a few seconds, and read the delay line's lateness figures (how late it released
+each packet against its due time: its own error) and the probe's RTT error (endpoints included).
+Medians over repetitions.
+
+Usage: .venv/bin/python bench/delay_line_priority.py [--reps 3] [--busy 0,4] [--seconds 5]   (root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pandas as pd
+
+from testbed.fabric.control import bring_up, tear_down
+from testbed.fabric.delayline import RT_ENV, lateness_delta, lateness_summary
+from testbed.spec.topology import topology_from_data
+
+PREFIX = "tb-prio-"
+PORT = 5201
+
+
+def agent(*args: str) -> list[str]:
+    return [sys.executable, "-m", "testbed.probe.agent", *args]
+
+
+def one(mode: str, busy: int, seconds: float) -> dict:
+    os.environ[RT_ENV] = "1" if mode == "fifo" else "0"
+    topology = topology_from_data({"name": "prio", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                                   "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "1gbit"}]})
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay")
+    dst = testbed.plan.node("west-0").address
+    server = testbed.fabric.popen("west-0", agent("serve", "--port", str(PORT)), stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()
+        before = testbed.fabric.delay_line_stats()
+        flow = testbed.fabric.popen("east-0", agent("send", dst, "--port", str(PORT), "--seconds", str(seconds),
+                                                    "--pace", "2e8"), stdout=subprocess.PIPE, text=True)
+        pings = testbed.fabric.popen("east-0", agent("rtt", dst, "--port", str(PORT), "--count",
+                                                     str(int(seconds / 0.01)), "--interval", "0.01"),
+                                     stdout=subprocess.PIPE, text=True)
+        rtts = json.loads(pings.communicate(timeout=seconds + 60)[0])["rtts"]
+        flow.communicate(timeout=seconds + 60)
+        after = testbed.fabric.delay_line_stats()
+    finally:
+        server.kill()
+        server.wait()
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        tear_down(PREFIX)
+    row = {"busy processes": busy, "scheduling": after["east->west"].get("scheduling", "?")}
+    for key in ("east->west", "west->east"):
+        late = lateness_summary(lateness_delta(before.get(key, {}), after[key]))
+        row[f"{key} late p50 ms"], row[f"{key} late p99 ms"] = late["p50_ms"], late["p99_ms"]
+        row[f"{key} late max ms"] = late["max_ms"]
+    ordered = sorted(rtts)
+    row["ping RTT p50 err ms"] = (ordered[len(ordered) // 2] - 0.020) * 1e3
+    row["ping RTT p99 err ms"] = (ordered[int(len(ordered) * 0.99)] - 0.020) * 1e3
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--busy", default=f"0,{2 * (os.cpu_count() or 1)}")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    rows = []
+    for rep in range(args.reps):
+        for busy in [int(b) for b in args.busy.split(",")]:
+            for mode in ("other", "fifo") if rep % 2 == 0 else ("fifo", "other"):
+                rows.append(one(mode, busy, args.seconds))
+                print(f"rep {rep}: {json.dumps(rows[-1])}", file=sys.stderr)
+    frame = pd.DataFrame(rows)
+    table = frame.groupby(["busy processes", "scheduling"]).median(numeric_only=True).reset_index()
+    table.insert(2, "reps", frame.groupby(["busy processes", "scheduling"]).size().values)
+    print(f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, medians over repetitions")
+    print(table.to_markdown(index=False, floatfmt=".3g"))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        tear_down(PREFIX)

@@ -1,0 +1,73 @@
+"""The userspace delay line's release logic as a pure function: due times, the jitter law, FIFO order, loss, and
+the lateness figures it keeps (no kernel, no root)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from testbed.fabric.delayline import LATE_BUCKET, Direction, lateness_delta, lateness_summary
+
+
+def test_every_packet_is_due_its_latency_after_it_arrived():
+    line = Direction(0, 0.010, 0.0, 0.0, random.Random(1))
+    for packet, arrival in enumerate([100.0, 100.001, 100.5]):
+        assert line.admit(packet, arrival)
+    assert [due for due, _ in line.fifo] == pytest.approx([100.010, 100.011, 100.510])
+    assert line.release(100.0105) == 0  # only the first is due
+    assert line.release(100.0112) == 1 and line.next_due() == pytest.approx(100.510)
+    assert line.release(100.2) is None
+
+
+def test_jitter_is_uniform_and_never_reorders():
+    line = Direction(0, 0.020, 0.005, 0.0, random.Random(7))
+    arrivals = [i * 0.05 for i in range(4000)]  # far apart: order never binds, the law shows as drawn
+    for packet, arrival in enumerate(arrivals):
+        line.admit(packet, arrival)
+    delays = [due - arrival for (due, _), arrival in zip(line.fifo, arrivals)]
+    assert 0.015 <= min(delays) and max(delays) <= 0.025
+    assert statistics.mean(delays) == pytest.approx(0.020, abs=0.0002)
+    assert statistics.pstdev(delays) == pytest.approx(0.005 / 3**0.5, rel=0.03)
+
+    close = Direction(0, 0.020, 0.010, 0.0, random.Random(7))
+    for packet in range(2000):  # 0.1 ms apart with 10 ms of jitter: without the FIFO clamp they would cross
+        close.admit(packet, packet * 0.0001)
+    dues = [due for due, _ in close.fifo]
+    assert dues == sorted(dues)
+
+
+def test_loss_drops_that_share_independently():
+    line = Direction(0, 0.001, 0.0, 0.02, random.Random(3))
+    kept = sum(line.admit(packet, packet * 1e-3) for packet in range(20000))
+    assert 1 - kept / 20000 == pytest.approx(0.02, abs=0.003)
+    assert len(line.fifo) == kept
+
+
+def test_release_records_how_late_each_packet_left():
+    line = Direction(0, 0.010, 0.0, 0.0, random.Random(1))
+    for packet in range(100):
+        line.admit(packet, 0.0)  # all due at 10 ms
+    assert line.release(0.0125, slack=20e-6) == 99  # released 2.5 ms late
+    assert line.released == 100
+    assert lateness_summary(line.late) == {"packets": 100, "p50_ms": pytest.approx(2.5), "p99_ms": pytest.approx(2.5),
+                                           "max_ms": pytest.approx(2.5)}
+    early = Direction(0, 0.010, 0.0, 0.0, random.Random(1))
+    early.admit(0, 0.0)
+    assert early.release(0.00999, slack=20e-6) == 0  # within the slack: released, counted as on time
+    assert early.late == {0: 1}
+
+
+def test_lateness_summary_and_delta():
+    late = {str(b): 1 for b in range(100)}  # 0 .. 0.99 ms, one packet each (JSON keys are strings)
+    summary = lateness_summary(late)
+    assert summary["packets"] == 100
+    assert summary["p50_ms"] == pytest.approx(49 * LATE_BUCKET * 1e3)
+    assert summary["p99_ms"] == pytest.approx(98 * LATE_BUCKET * 1e3)
+    assert summary["max_ms"] == pytest.approx(99 * LATE_BUCKET * 1e3)
+    assert lateness_summary({}) == {"packets": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+    before = {"worker": 5, "late": {"0": 10, "3": 2}}
+    after = {"worker": 5, "late": {"0": 15, "3": 2, "9": 1}}
+    assert lateness_delta(before, after) == {"0": 5, "9": 1}
+    assert lateness_delta(before, {"worker": 6, "late": {"0": 4}}) == {"0": 4}  # a restarted worker starts again
