@@ -4,6 +4,7 @@ one client key and known_hosts generated per test."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,33 @@ class Hosts:
             proc.wait()
 
 
+def wait_listening(testbed: Testbed, node: str, proc, log: Path, timeout: float = 30.0) -> None:
+    """Until sshd in `node` accepts TCP connections. A fixed sleep here raced sshd's start on a loaded machine:
+    the first SSH connection of a test was then refused (tests/remote failed 2 of 10 right after other runs)."""
+    from pyroute2 import netns
+
+    address = testbed.plan.node(node).address
+    deadline = time.monotonic() + timeout
+    while True:
+        netns.pushns(testbed.plan.node(node).ns)
+        try:
+            sock = socket.socket()  # created inside the node's namespace, where its address is reachable
+        finally:
+            netns.popns()
+        try:
+            sock.settimeout(1.0)
+            sock.connect((address, 22))
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(f"sshd in {node} exited ({proc.returncode}): {log.read_text()[-500:]}") from None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sshd in {node} not listening after {timeout:.0f}s") from None
+            time.sleep(0.05)
+        finally:
+            sock.close()
+
+
 def start_hosts(testbed: Testbed, tmp_path: Path, dcs: dict[str, list[str]], **host_fields) -> Hosts:
     """Start sshd in every node named in `dcs` (DC name -> nodes) and write inventory and known_hosts."""
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
@@ -70,13 +98,16 @@ def start_hosts(testbed: Testbed, tmp_path: Path, dcs: dict[str, list[str]], **h
                           "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                           "StrictModes no\nUsePAM no\nMaxSessions 100\nMaxStartups 100\n"
                           "Subsystem sftp internal-sftp\n")
-        procs.append(testbed.fabric.popen(node, [SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+        log = open(tmp_path / f"sshd-{node}.log", "wb")
+        procs.append(testbed.fabric.popen(node, [SSHD, "-D", "-e", "-f", str(config)], stdout=log,
+                                          stderr=subprocess.STDOUT))
+        log.close()
         known.append(f"{address} {' '.join(host_pub.split()[:2])}")
     (tmp_path / "known_hosts").write_text("\n".join(known) + "\n")
     inventory = {"dcs": {dc: [{"name": node, "address": testbed.plan.node(node).address, "user": "root",
                                "key": str(client_key), "interface": "eth0", "python": sys.executable, **host_fields}
                               for node in nodes] for dc, nodes in dcs.items()}}
     (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(inventory))
-    time.sleep(0.5)
+    for node, proc in zip([n for nodes in dcs.values() for n in nodes], procs):
+        wait_listening(testbed, node, proc, tmp_path / f"sshd-{node}.log")
     return Hosts(testbed, tmp_path, tmp_path / "inventory.yaml", tmp_path / "known_hosts", procs)
