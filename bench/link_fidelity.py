@@ -1,13 +1,21 @@
 """Link fidelity: RTT error (p50/p99) idle and under load, goodput vs configured, delay-line CPU.
 
-One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for every shaper this kernel has
-(netem beside userspace-delay where sch_netem exists). "Loaded" RTT is measured while a TCP flow paced at
-90 % of the rate runs the same way (an unpaced flow fills the BDP-sized queue: that queueing delay is
-real link behaviour, not shaper error); goodput comes from a separate unpaced flow and is held against
-rate x 1448/1514. CPU is the delay-line worker serving the data direction, in % of one core.
+One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for each shaper asked for (default: every
+shaper this kernel has: netem beside userspace-delay where sch_netem exists), in one run on one kernel.
+"Loaded" RTT is measured while a TCP flow paced at 90 % of the rate runs the same way (an unpaced flow fills
+the BDP-sized queue: that queueing delay is real link behaviour, not shaper error); goodput comes from a
+separate unpaced flow and is held against rate x 1448/1514. CPU: the delay-line worker serving the data
+direction (% of one core; netem's work is in the kernel), and the whole machine's busy time during the loaded
+phase (% of one core: probes included, the same for both shapers, so the difference is the shaper's cost).
+"late p99" is the delay line's own figure of how late it released packets during the loaded phase (netem
+keeps none).
 
-Usage: .venv/bin/python bench/link_fidelity.py [--delays 1,5,20,50] [--rates 100mbit,1gbit,2.5gbit]
-                                               [--out bench/out]   (root)
+To compare both shapers where this kernel has no netem, run it in user-mode Linux (timing there is looser):
+    scripts/uml-run -- .venv/bin/python bench/link_fidelity.py --shaper netem,userspace-delay
+
+Usage: .venv/bin/python bench/link_fidelity.py [--shaper netem,userspace-delay] [--delays 1,5,20,50]
+                                               [--rates 100mbit,1gbit,2.5gbit] [--reps 1] [--out bench/out]
+       (root; with --reps N every figure is the median of N runs)
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import pandas as pd
 from testbed import units
 from testbed.fabric import delayline
 from testbed.fabric.control import bring_up, tear_down
+from testbed.fabric.delayline import lateness_delta, lateness_summary
 from testbed.fabric.kernel import has_netem
 from testbed.probe.measure import PAYLOAD_PER_FRAME
 from testbed.spec.topology import topology_from_data
@@ -44,6 +53,13 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / TICKS, sum(fields) / TICKS
 
 
 def run_json(testbed, node: str, args: list[str], timeout: float) -> dict:
@@ -76,9 +92,15 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
                                                      str(seconds + pings * 0.005), "--pace", str(0.9 * rate_bps)),
                                      stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)
-        cpu0, t0 = (cpu_seconds(worker), time.monotonic()) if worker else (float("nan"), 0.0)
+        cpu0, t0 = (cpu_seconds(worker), time.monotonic()) if worker else (float("nan"), time.monotonic())
+        busy0, late0 = busy_seconds()[0], testbed.fabric.delay_line_stats()
         loaded = run_json(testbed, "east-0", ping_args, 120)["rtts"]
-        cpu = (cpu_seconds(worker) - cpu0) / (time.monotonic() - t0) * 100 if worker else float("nan")
+        elapsed = time.monotonic() - t0
+        cpu = (cpu_seconds(worker) - cpu0) / elapsed * 100 if worker else float("nan")
+        machine = (busy_seconds()[0] - busy0) / elapsed * 100
+        late1 = testbed.fabric.delay_line_stats()
+        late = lateness_summary(lateness_delta(late0.get("east->west", {}), late1["east->west"])) \
+            if "east->west" in late1 else {"p99_ms": float("nan")}
         paced_result = json.loads(paced.communicate(timeout=120)[0])
     finally:
         server.kill()
@@ -96,7 +118,8 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
             "loaded p50 err ms": err_ms(loaded, 0.5), "loaded p99 err ms": err_ms(loaded, 0.99),
             "goodput/expected": flow["goodput_bps"] / expected,
             "goodput/configured": flow["goodput_bps"] / rate_bps,
-            "paced Mbit/s": paced_result["goodput_bps"] / 1e6, "delay-line CPU %": cpu,
+            "paced Mbit/s": paced_result["goodput_bps"] / 1e6, "delay-line CPU %": cpu, "machine CPU %": machine,
+            "delay-line late p99 ms": late["p99_ms"],
             "lost pings": pings * 2 - len(idle) - len(loaded)}
 
 
@@ -128,17 +151,25 @@ def main() -> None:
     parser.add_argument("--pings", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    parser.add_argument("--shaper", default="", help="netem,userspace-delay (default: those this kernel has)")
+    parser.add_argument("--reps", type=int, default=1, help="repetitions (medians; shaper order alternates)")
     args = parser.parse_args()
-    shapers = ["userspace-delay"] + (["netem"] if has_netem() else [])
+    shapers = args.shaper.split(",") if args.shaper else ["userspace-delay"] + (["netem"] if has_netem() else [])
     rows = []
-    for shaper in shapers:
+    for rep in range(args.reps):
         for rate in args.rates.split(","):
             for delay in [float(d) for d in args.delays.split(",")]:
-                rows.append(cell(delay, rate, shaper, args.pings, args.seconds))
-                print(f"done {shaper} {rate} {delay} ms", file=sys.stderr)
-    frame = pd.DataFrame(rows)
+                order = shapers if rep % 2 == 0 else shapers[::-1]
+                for shaper in order:  # side by side: both shapers of a point run one after the other
+                    rows.append(cell(delay, rate, shaper, args.pings, args.seconds))
+                    print(f"done {rep} {shaper} {rate} {delay} ms", file=sys.stderr)
+    raw = pd.DataFrame(rows)
+    keys = ["rate", "one-way ms", "shaper"]
+    frame = raw.groupby(keys, sort=False).median(numeric_only=True).reset_index()
+    frame.insert(3, "reps", raw.groupby(keys, sort=False).size().values)
+    print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "link_fidelity.csv", index=False)
+    raw.to_csv(args.out / "link_fidelity.csv", index=False)
     plot(frame, args.out / "link_fidelity.png")
     print(frame.to_markdown(index=False, floatfmt=".3g"))
     if "netem" not in shapers:
