@@ -107,6 +107,10 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
     return made
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None or pd.isna(value) else f"{value:.0%}"
+
+
 def _at(row: pd.Series, keys: list[str]) -> str:
     return ", ".join(f"{key} = {row[key]}" for key in keys)
 
@@ -143,8 +147,9 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
                          f"link unshaped) the fastest is {best['strategy']} at {best['tokens_per_s']:,.0f} tokens/s: "
                          "the best single-site throughput.")
         for _, group in groups:
-            kept = ", ".join(f"{row['strategy']} {row['efficiency_vs_single_site']:.0%}" for _, row in group.iterrows())
-            own = ", ".join(f"{row['strategy']} {row['scaling_efficiency']:.0%}" for _, row in group.iterrows())
+            kept = ", ".join(f"{row['strategy']} {_percent(row['efficiency_vs_single_site'])}"
+                             for _, row in group.iterrows())
+            own = ", ".join(f"{row['strategy']} {_percent(row['scaling_efficiency'])}" for _, row in group.iterrows())
             where = f"At {_at(group.iloc[0], keys)}" if keys else "Across the strategies"
             lines.append(f"{where}, of the best single-site throughput: {kept} (of each strategy's own single-site "
                          f"run: {own}).")
