@@ -44,7 +44,8 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     if len(set(sizes)) == 1:
         sized["TESTBED_NODES_PER_DC"] = str(sizes[0])
     world = len(plan.nodes) * ranks_per_node
-    port = master_port or random.randint(20000, 40000)
+    # below Linux's ephemeral range (32768-60999): a port in it can be taken by a connection's local end
+    port = master_port or random.randint(20000, 32000)
     rtts = [2 * end.shaping.params.latency for end in plan.link_ends if end.kind == "inter-dc"]
     specs: list[RankSpec] = []
     for node in plan.nodes:  # plan order: DC by DC, node by node
