@@ -402,7 +402,7 @@ def run(ctx: typer.Context,
         progress.stop()
     report = run_dir / "report.html"
     out.print(f"[green]done[/green]: {run_dir}" + (f"\nreport: {report}" if report.exists() else ""))
-    passed = _gate(run_dir) if check_ else _cells_passed(run_dir)
+    passed = _gate(run_dir, rebuild=False) if check_ else _cells_passed(run_dir)
     if not passed:
         raise typer.Exit(1)
 
@@ -481,14 +481,16 @@ def _cells_passed(run_dir: Path) -> bool:
 
 
 def _gate(run_dir: Path, junit: Optional[Path] = None, against: Optional[Path] = None,
-          tolerance: float = 0.05) -> bool:
-    """Rebuild the report, print every threshold's verdict (and regressions against `against`), write JUnit;
-    True when every cell completed, every threshold held and nothing regressed."""
+          tolerance: float = 0.05, rebuild: bool = True) -> bool:
+    """Print every threshold's verdict (and regressions against `against`), write JUnit; True when every
+    cell completed, every threshold held and nothing regressed. `rebuild`: the report first (a run has
+    just written it)."""
     from testbed.collect.frames import load_points, load_results
     from testbed.collect.gates import check_line, regression_line, regressions, write_junit
     from testbed.collect.report import build_report
 
-    build_report(run_dir)
+    if rebuild:
+        build_report(run_dir)
     cells_ok = _cells_passed(run_dir)
     checks = json.loads((run_dir / "thresholds.json").read_text())
     for item in checks:
