@@ -146,3 +146,21 @@ def test_presets_and_pipeline_cuts():
     assert split_points(6, 2) == [(0, 3), (3, 6)] and split_points(7, 3) == [(0, 3), (3, 5), (5, 7)]
     with pytest.raises(ValueError):
         split_points(2, 3)
+
+
+def test_the_workload_command_line_comes_from_the_option_definitions(capsys):
+    from testbed.spec.strategies import OPTIONS, STRATEGIES
+    from testbed.workload.__main__ import parser
+    from testbed.workload.strategies import make_strategy
+
+    args = vars(parser().parse_args(["--strategy", "pp", "--schedule", "overlap", "--no-outer-shard",
+                                     "--compute-ms", "12.5"]))
+    assert set(args) == set(OPTIONS) and args["schedule"] == "overlap" and args["outer_shard"] is False
+    assert args["compute_ms"] == 12.5 and args["chunks"] == OPTIONS["chunks"].default
+    for bad, needle in ((["--chunks", "four"], "--chunks: Input should be a valid integer"),
+                        (["--lanes", "0"], "--lanes: Input should be greater than or equal to 1"),
+                        (["--schedule", "zigzag"], "--schedule: Input should be 'gpipe', '1f1b'")):
+        with pytest.raises(SystemExit) as caught:
+            parser().parse_args(bad)
+        assert caught.value.code == 2 and needle in capsys.readouterr().err
+    assert all(type(make_strategy(name)).name == name for name in STRATEGIES)
