@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 from pyroute2 import NetlinkError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from testbed import units
@@ -54,7 +55,7 @@ def _backend(name: str, inventory: Optional[Path], known_hosts: Path, accept_new
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)  # links[a,b] is no markup
     raise typer.Exit(code)
 
 
@@ -374,8 +375,11 @@ def run(ctx: typer.Context,
         shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
         backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
         known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+        check_: bool = typer.Option(False, "--check", help="Then check the thresholds (as `testbed check`): "
+                                                            "exit 1 when one is missed."),
         image: str = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
-    """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report."""
+    """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report.
+    Exit 1 when a cell failed (or, with --check, a threshold was missed)."""
     from testbed.runner.experiment import run_command, run_experiment
     from testbed.runner.progress import RunProgress
 
@@ -399,6 +403,9 @@ def run(ctx: typer.Context,
         progress.stop()
     report = run_dir / "report.html"
     out.print(f"[green]done[/green]: {run_dir}" + (f"\nreport: {report}" if report.exists() else ""))
+    passed = _gate(run_dir, rebuild=False) if check_ else _cells_passed(run_dir)
+    if not passed:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -460,21 +467,72 @@ def compare(first: Path = typer.Argument(...), second: Path = typer.Argument(...
     print(frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "nothing in common to compare")
 
 
-@app.command()
-def check(run_dir: Path = typer.Argument(...)) -> None:
-    """Exit non-zero when a threshold of the experiment is missed (for nightly CI)."""
-    from testbed.collect.report import _check_line, build_report
+def _cells_passed(run_dir: Path) -> bool:
+    """Say which cells failed, if any (stderr); True when none did."""
+    from testbed.collect.frames import load_results
 
-    if not (run_dir / "manifest.json").exists():
-        _fail(f"{run_dir}: not a run directory (no manifest.json)")
-    build_report(run_dir)
+    results = load_results(run_dir)
+    failed = [r for r in results if r["status"] != "ok"]
+    for result in failed:
+        err.print(f"[red]FAIL:[/red] cell {escape(result['cell']['id'])}: {escape(result['reason'])}", highlight=False,
+                  soft_wrap=True)
+    if failed:
+        err.print(f"[red]{len(failed)} of {len(results)} cells failed[/red]")
+    return not failed
+
+
+def _gate(run_dir: Path, junit: Optional[Path] = None, against: Optional[Path] = None,
+          tolerance: float = 0.05, rebuild: bool = True) -> bool:
+    """Print every threshold's verdict (and regressions against `against`), write JUnit; True when every
+    cell completed, every threshold held and nothing regressed. `rebuild`: the report first (a run has
+    just written it)."""
+    from testbed.collect.frames import load_points, load_results
+    from testbed.collect.gates import check_line, regression_line, regressions, write_junit
+    from testbed.collect.report import build_report
+
+    if rebuild:
+        build_report(run_dir)
+    cells_ok = _cells_passed(run_dir)
     checks = json.loads((run_dir / "thresholds.json").read_text())
     for item in checks:
-        out.print(_check_line(item), highlight=False)
-    failed = [item for item in checks if not item["passed"]]
+        out.print(check_line(item), highlight=False, soft_wrap=True, markup=False)
     if not checks:
         out.print("no thresholds in this experiment")
-    if failed:
+    regressed = None
+    if against is not None:
+        regressed = regressions(load_points(run_dir), load_points(against), tolerance)
+        out.print(f"against {against} (tolerance {tolerance:.0%}):", highlight=False, markup=False)
+        for item in regressed:
+            out.print(regression_line(item), highlight=False, soft_wrap=True, markup=False)
+    if junit is not None:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        write_junit(junit, manifest["experiment"], load_results(run_dir), checks, regressed,
+                    str(against) if against is not None else None)
+        err.print(f"junit: {junit}")
+    return cells_ok and all(item["passed"] for item in checks + (regressed or []))
+
+
+@app.command()
+def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<experiment>/<run>)."),
+          junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML here."),
+          against: Optional[Path] = typer.Option(None, "--against", help="An earlier run of the same experiment: "
+                                                 "fail when a figure regressed against it."),
+          tolerance: str = typer.Option("5%", "--tolerance", help="With --against: how much worse a figure may be.")
+          ) -> None:
+    """Exit 1 when a cell failed, a threshold of the experiment is missed or (with --against) a figure
+    regressed: tokens/s fell, or inter-DC bytes per step rose, by more than the tolerance (nightly CI)."""
+    for path in (run_dir, against):
+        if path is not None and not (path / "manifest.json").exists():
+            _fail(f"{path}: not a run directory (no manifest.json)")
+    try:
+        fraction = units.parse_fraction(tolerance)
+    except ValueError as error:
+        _fail(f"--tolerance: {error}")
+    if against is not None:
+        names = [json.loads((p / "manifest.json").read_text())["experiment"] for p in (run_dir, against)]
+        if names[0] != names[1]:
+            _fail(f"--against: {against} is a run of {names[1]!r}, not of {names[0]!r}")
+    if not _gate(run_dir, junit, against, fraction):
         raise typer.Exit(1)
 
 

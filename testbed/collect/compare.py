@@ -6,18 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.collect.frames import aggregate, load_results, load_steps, summarise
-
-
-def _points(run_dir: Path) -> pd.DataFrame:
-    import json
-
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    return aggregate(summarise(load_results(run_dir), load_steps(run_dir), manifest.get("warmup_steps", 0)))
+from testbed.collect.frames import load_points
 
 
 def compare_runs(first: Path, second: Path) -> pd.DataFrame:
-    a, b = _points(first), _points(second)
+    a, b = load_points(first), load_points(second)
     if a.empty or b.empty:
         return pd.DataFrame()
     keys = [c for c in a.columns if c in b.columns and (c in ("strategy", "baseline") or c.startswith(("links[", "workload.")))]

@@ -1,10 +1,12 @@
 """Rank JSON lines and cell results into pandas; the derived figures of every cell.
 
 Per cell (steps after the warm-up only):
-- step_s: the slowest rank's wall time of a step (median and p90); tokens_per_s: global tokens per step
-  over the median step time;
+- step_s: the slowest rank's wall time of a step (median, p90 and mean); tokens_per_s: every measured
+  step's global tokens over their summed wall time (a median step would hide DiLoCo's one slow step in H);
 - scaling_efficiency: tokens_per_s over the matching baseline cell's (same strategy and workload sweep
   values, every inter-DC link unshaped);
+- efficiency_vs_single_site: tokens_per_s over the best baseline cell of any strategy at the same workload
+  values: the same job in one DC, run the fastest way this experiment knows (NeMo's definition);
 - exposed_comm_share: mean over ranks and steps of exposed communication / step time;
 - bubble_ratio (pipeline): mean of bubble / pipeline time;
 - inter_dc_gb_per_step: bytes the kernel counted leaving every inter-DC link end during the cell, over
@@ -75,7 +77,8 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
     for result in results:
         cell = result["cell"]
         row = {"cell": cell["id"], "strategy": cell["strategy"], "baseline": cell["baseline"],
-               "repetition": cell["repetition"], "status": result["status"], "reason": result["reason"]}
+               "repetition": cell["repetition"], "status": result["status"], "reason": result["reason"],
+               "cell_s": result.get("seconds")}
         for key in sweep_keys:
             row[key] = cell["sweep"].get(key, "baseline" if cell["baseline"] else None)
         link_bytes = result.get("link_bytes", {})
@@ -89,10 +92,11 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
             measured = mine[mine["step"] >= warmup]
             per_step = measured.groupby("step").agg(wall=("wall_s", "max"), tokens=("tokens", "sum"),
                                                     wire=("wire_inter", "sum"), payload=("bytes_inter", "sum"))
-            step_s = float(per_step["wall"].median())
             row.update({
-                "steps": total_steps, "step_s_median": step_s, "step_s_p90": float(per_step["wall"].quantile(0.9)),
-                "tokens_per_s": float(per_step["tokens"].median()) / step_s,
+                "steps": total_steps, "measured_s": float(per_step["wall"].sum()),
+                "step_s_median": float(per_step["wall"].median()), "step_s_p90": float(per_step["wall"].quantile(0.9)),
+                "step_s_mean": float(per_step["wall"].mean()),
+                "tokens_per_s": float(per_step["tokens"].sum() / per_step["wall"].sum()),
                 "exposed_comm_share": float((measured["exposed_s"] / measured["wall_s"]).mean()),
                 "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
                 "workload_wire_inter_gb_per_step": float(per_step["wire"].mean()) / 1e9,
@@ -109,19 +113,31 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    workload_keys = [k for k in sweep_keys if k.startswith("workload.")]
     if "tokens_per_s" in frame:
-        base = frame[frame["baseline"] & (frame["status"] == "ok")]
-        base = base.groupby(["strategy", *workload_keys], dropna=False)["tokens_per_s"].median()
-        def efficiency(row: pd.Series) -> float | None:
-            key = tuple([row["strategy"], *[row[k] for k in workload_keys]])
-            key = key if len(key) > 1 else key[0]
-            try:
-                return row["tokens_per_s"] / base.loc[key]
-            except (KeyError, TypeError):
-                return None
-        frame["scaling_efficiency"] = frame.apply(efficiency, axis=1)
+        workload_keys = [k for k in sweep_keys if k.startswith("workload.")]
+        frame["scaling_efficiency"], frame["efficiency_vs_single_site"] = _efficiencies(frame, workload_keys)
     return frame
+
+
+def _efficiencies(frame: pd.DataFrame, workload_keys: list[str]) -> tuple[list, list]:
+    """Each cell's tokens/s over its own strategy's baseline (median over repetitions), and over the best
+    strategy's baseline, both at the same workload sweep values (None where there is no baseline)."""
+    def point(row: pd.Series) -> tuple[str, ...]:
+        return tuple(str(row[k]) for k in workload_keys)
+
+    runs: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+    for _, row in frame[frame["baseline"] & (frame["status"] == "ok")].iterrows():
+        runs.setdefault((row["strategy"], point(row)), []).append(row["tokens_per_s"])
+    own = {key: float(pd.Series(values).median()) for key, values in runs.items()}
+    best: dict[tuple[str, ...], float] = {}
+    for (_, at), value in own.items():
+        best[at] = max(best.get(at, 0.0), value)
+    scaling, versus_best = [], []
+    for _, row in frame.iterrows():
+        mine, top = own.get((row["strategy"], point(row))), best.get(point(row))
+        scaling.append(row["tokens_per_s"] / mine if mine else None)
+        versus_best.append(row["tokens_per_s"] / top if top else None)
+    return scaling, versus_best
 
 
 def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
@@ -129,7 +145,8 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     if summary.empty or "tokens_per_s" not in summary:
         return summary
     keys = ["strategy", "baseline"] + [c for c in summary.columns if c.startswith(("links[", "workload."))]
-    numeric = [c for c in ("tokens_per_s", "scaling_efficiency", "step_s_median", "step_s_p90", "exposed_comm_share",
+    numeric = [c for c in ("tokens_per_s", "scaling_efficiency", "efficiency_vs_single_site", "step_s_median",
+                           "step_s_p90", "step_s_mean", "exposed_comm_share",
                            "bubble_ratio", "inter_dc_gb_per_step", "workload_wire_inter_gb_per_step",
                            "workload_payload_inter_gb_per_step", "final_loss") if c in summary]
     ok = summary[summary["status"] == "ok"].copy()
@@ -138,3 +155,9 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     grouped = ok.groupby(keys, sort=False)[numeric].median().reset_index()
     grouped["repetitions"] = ok.groupby(keys, sort=False).size().values
     return grouped
+
+
+def load_points(run_dir: Path) -> pd.DataFrame:
+    """A run's figures per (strategy, sweep point), median over repetitions (per cell without step metrics)."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return aggregate(summarise(load_results(run_dir), load_steps(run_dir), manifest.get("warmup_steps", 0)))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.collect.frames import aggregate, load_results, load_steps, summarise
+from testbed.collect.gates import check_line, check_thresholds
 
 EFFICIENCY_FLOOR = 0.9
 
@@ -40,22 +41,29 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
     if agg.empty or "tokens_per_s" not in agg:
         return made
     key = _primary(agg)
-    metric = "scaling_efficiency" if "scaling_efficiency" in agg and agg["scaling_efficiency"].notna().any() else "tokens_per_s"
-    fig, ax = plt.subplots(figsize=(7, 4))
     shaped = agg[agg["baseline"] == "False"]
-    for strategy, group in shaped.groupby("strategy", sort=False):
-        x = group[key].tolist() if key else [strategy]
-        ax.plot(x, group[metric].tolist(), marker="o", label=strategy)
-    if metric == "scaling_efficiency":
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.axhline(EFFICIENCY_FLOOR, color="grey", lw=0.8, ls="--")
-    ax.set(xlabel=key or "strategy", ylabel=metric.replace("_", " "), title=f"{metric.replace('_', ' ')} per strategy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "efficiency.png", dpi=100)
-    plt.close(fig)
-    made.append(("plots/efficiency.png", f"{metric.replace('_', ' ')} vs {key or 'strategy'}"))
+    metrics = [("throughput.png", "tokens_per_s")]
+    for metric in ("efficiency_vs_single_site", "scaling_efficiency"):
+        if metric in agg and agg[metric].notna().any():
+            metrics.append(("efficiency.png", metric))
+            break
+    for name, metric in metrics:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for strategy, group in shaped.groupby("strategy", sort=False):
+            x = group[key].tolist() if key else [strategy]
+            ax.plot(x, group[metric].tolist(), marker="o", label=strategy)
+        if metric != "tokens_per_s":
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.axhline(EFFICIENCY_FLOOR, color="grey", lw=0.8, ls="--")
+        ax.set(xlabel=key or "strategy", ylabel=metric.replace("_", " "),
+               title=f"{metric.replace('_', ' ')} per strategy")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        made.append((f"plots/{name}", f"{metric.replace('_', ' ')} vs {key or 'strategy'}"))
 
     ok = summary[(summary["status"] == "ok") & ~summary["baseline"]]
     if not ok.empty and "inter_dc_gb_per_step" in ok:
@@ -99,90 +107,71 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
     return made
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None or pd.isna(value) else f"{value:.0%}"
+
+
+def _at(row: pd.Series, keys: list[str]) -> str:
+    return ", ".join(f"{key} = {row[key]}" for key in keys)
+
+
 def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
-    """A short automatic reading: best strategy per sweep point, cells under 90 %, failures."""
+    """A short automatic reading: the fastest strategy at each sweep point in absolute terms first, then
+    what each keeps of the best single-site throughput (and of its own), cells under 90 %, failures."""
     lines: list[str] = []
     failed = summary[summary["status"] != "ok"] if not summary.empty else summary
-    for _, row in failed.iterrows():
-        lines.append(f"Cell `{row['cell']}` FAILED: {row['reason']}")
-    if "delay_late_flag" in summary:
-        for _, row in summary[summary["delay_late_flag"] == True].iterrows():  # noqa: E712 (NaN where not measured)
-            lines.append(f"Cell `{row['cell']}`: the userspace delay line itself released packets "
-                         f"{row['delay_late_p99_ms']:.2f} ms late at p99 on {row['delay_late_link']} (bound "
-                         f"{row['delay_late_bound_ms']:.2f} ms = max(5 % of its delay, 1 ms)): part of this cell's "
-                         "time is emulator error, not the emulated network's.")
     if agg.empty or "tokens_per_s" not in agg:  # e.g. a user's own command: no step metrics
+        lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
         for _, row in summary[summary["status"] == "ok"].iterrows() if not summary.empty else []:
             lines.append(f"Cell `{row['cell']}` finished; {row['inter_dc_bytes_kernel'] / 1e6:.1f} MB crossed the "
                          "inter-DC links (kernel counters).")
-        return lines or ["No cell completed."]
-    key = _primary(agg)
+        return (lines + lateness_lines(summary)) or ["No cell completed."]
+    keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
     shaped = agg[agg["baseline"] == "False"]
-    for point, group in (shaped.groupby(key, sort=False) if key else [("all", shaped)]):
-        best = group.sort_values("tokens_per_s", ascending=False).iloc[0]
-        where = f"At {key} = {point}" if key else "Across the strategies"
-        text = f"{where}: best is **{best['strategy']}** ({best['tokens_per_s']:.0f} tokens/s"
-        if "scaling_efficiency" in best and pd.notna(best["scaling_efficiency"]):
-            text += f", {best['scaling_efficiency']:.0%} of its single-site throughput"
-        lines.append(text + ").")
-    if "scaling_efficiency" in shaped:
-        low = shaped[shaped["scaling_efficiency"] < EFFICIENCY_FLOOR]
+    versus = "efficiency_vs_single_site" in agg and agg["efficiency_vs_single_site"].notna().any()
+    groups = list(shaped.groupby(keys, sort=False)) if keys else [((), shaped)]
+    for _, group in groups:
+        ranked = group.sort_values("tokens_per_s", ascending=False)
+        fastest = ranked.iloc[0]
+        text = f"{'At ' + _at(fastest, keys) if keys else 'Across the strategies'}: fastest is " \
+               f"**{fastest['strategy']}** at {fastest['tokens_per_s']:,.0f} tokens/s"
+        others = [f"{row['strategy']} {row['tokens_per_s']:,.0f} ({1 - row['tokens_per_s'] / fastest['tokens_per_s']:.0%} "
+                  "slower)" for _, row in ranked.iloc[1:].iterrows()]
+        lines.append(text + ("; " + ", ".join(others) if others else "") + ".")
+    if versus:
+        workload_keys = [k for k in keys if k.startswith("workload.")]
+        base = agg[agg["baseline"] == "True"]
+        for _, single in (base.groupby(workload_keys, sort=False) if workload_keys else [((), base)]):
+            best = single.sort_values("tokens_per_s", ascending=False).iloc[0]
+            lines.append(f"Single site{' at ' + _at(best, workload_keys) if workload_keys else ''} (every inter-DC "
+                         f"link unshaped) the fastest is {best['strategy']} at {best['tokens_per_s']:,.0f} tokens/s: "
+                         "the best single-site throughput.")
+        for _, group in groups:
+            kept = ", ".join(f"{row['strategy']} {_percent(row['efficiency_vs_single_site'])}"
+                             for _, row in group.iterrows())
+            own = ", ".join(f"{row['strategy']} {_percent(row['scaling_efficiency'])}" for _, row in group.iterrows())
+            where = f"At {_at(group.iloc[0], keys)}" if keys else "Across the strategies"
+            lines.append(f"{where}, of the best single-site throughput: {kept} (of each strategy's own single-site "
+                         f"run: {own}).")
+        low = shaped[shaped["efficiency_vs_single_site"] < EFFICIENCY_FLOOR]
         for _, row in low.iterrows():
-            where = f" at {key} = {row[key]}" if key else ""
             cost = (f"pipeline bubble {row['bubble_ratio']:.0%} of the pipeline time"
                     if "bubble_ratio" in row and pd.notna(row["bubble_ratio"])
                     else f"exposed communication {row['exposed_comm_share']:.0%} of the step")
-            lines.append(f"{row['strategy']} falls below {EFFICIENCY_FLOOR:.0%}{where}: "
-                         f"{row['scaling_efficiency']:.0%} ({cost}).")
-    return lines
+            lines.append(f"{row['strategy']} falls below {EFFICIENCY_FLOOR:.0%} of the best single-site throughput"
+                         f"{' at ' + _at(row, keys) if keys else ''}: {row['efficiency_vs_single_site']:.0%} ({cost}).")
+    lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
+    return lines + lateness_lines(summary)
 
 
-def check_thresholds(manifest: dict, agg: pd.DataFrame) -> list[dict]:
-    """Evaluate the experiment's thresholds against the aggregated cells."""
-    from testbed.spec.experiment import Experiment
-    import yaml
-
-    experiment = Experiment.model_validate(yaml.safe_load(manifest["experiment_text"]))
-    results = []
-    for threshold in experiment.thresholds:
-        rows = agg[agg["baseline"] == "False"] if not agg.empty else agg
-        for key, value in threshold.where.items():
-            column = key if key in rows.columns else next((c for c in rows.columns if c.endswith("." + key)), None)
-            rows = rows[rows[column] == str(value)] if column else rows.iloc[0:0]
-        mine = rows[rows["strategy"] == threshold.strategy] if threshold.strategy else rows
-        if mine.empty or threshold.metric not in mine:
-            results.append({"threshold": threshold.model_dump(), "value": None, "passed": False,
-                            "why": "no completed cell matches"})
-            continue
-        value = float(mine[threshold.metric].median())
-        if threshold.than:
-            other = rows[rows["strategy"] == threshold.than]
-            if other.empty:
-                results.append({"threshold": threshold.model_dump(), "value": None, "passed": False,
-                                "why": f"no completed cell of {threshold.than} matches"})
-                continue
-            value = value / float(other[threshold.metric].median())
-        passed = (threshold.min is None or value >= threshold.min) and (threshold.max is None or value <= threshold.max)
-        results.append({"threshold": threshold.model_dump(), "value": value, "passed": passed, "why": ""})
-    return results
-
-
-def _describe_threshold(t: dict) -> str:
-    subject = f"{t['metric']} of {t['strategy'] or 'every strategy'}"
-    if t.get("than"):
-        subject += f" / {t['than']}"
-    where = ", ".join(f"{k}={v}" for k, v in t["where"].items())
-    bound = " and ".join(x for x in (f">= {t['min']}" if t["min"] is not None else "",
-                                     f"<= {t['max']}" if t["max"] is not None else "") if x)
-    return f"{subject}{' at ' + where if where else ''} {bound}"
-
-
-def _check_line(check: dict) -> str:
-    verdict = "PASS" if check["passed"] else "FAIL"
-    value = "n/a" if check["value"] is None else f"{check['value']:.3g}"
-    claim = check["threshold"].get("claim")
-    why = f" ({check['why']})" if check["why"] else ""
-    return f"{verdict}: {(claim + ' — ') if claim else ''}{_describe_threshold(check['threshold'])}: measured {value}{why}"
+def lateness_lines(summary: pd.DataFrame) -> list[str]:
+    """Cells whose delay line was itself late beyond its bound: their figures carry emulator error."""
+    if "delay_late_flag" not in summary:
+        return []
+    return [f"Cell `{row['cell']}`: the userspace delay line itself released packets {row['delay_late_p99_ms']:.2f} ms "
+            f"late at p99 on {row['delay_late_link']} (bound {row['delay_late_bound_ms']:.2f} ms = max(5 % of its delay, "
+            "1 ms)): part of this cell's time is emulator error, not the emulated network's."
+            for _, row in summary[summary["delay_late_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
 
 
 LATENESS_TEXT = ("How late the delay line released each packet against its due time, per link and cell: the "
@@ -219,9 +208,9 @@ def build_report(run_dir: Path) -> Path:
             calibration.append({"cell": result["cell"]["id"], **row})
     cal = pd.DataFrame(calibration)
     table_cols = [c for c in ("strategy", *[c for c in agg.columns if c.startswith(("links[", "workload."))],
-                              "tokens_per_s", "scaling_efficiency", "step_s_median", "exposed_comm_share",
-                              "bubble_ratio", "inter_dc_gb_per_step", "workload_payload_inter_gb_per_step",
-                              "final_loss", "repetitions") if c in agg.columns]
+                              "tokens_per_s", "step_s_median", "step_s_p90", "efficiency_vs_single_site",
+                              "scaling_efficiency", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step",
+                              "workload_payload_inter_gb_per_step", "final_loss", "repetitions") if c in agg.columns]
     main_table = agg[table_cols] if not agg.empty else agg
     links = pd.DataFrame([{"link": k, **v} for k, v in manifest.get("links", {}).items()])
     md = [f"# {manifest['experiment']}", "", manifest.get("description", "").strip(), "",
@@ -232,7 +221,7 @@ def build_report(run_dir: Path) -> Path:
           f"{manifest.get('repetitions')}; seed {manifest.get('seed')}", "", "## Reading", "",
           *[f"- {line}" for line in notes], ""]
     if checks:
-        md += ["## Claims and thresholds", "", *[f"- {_check_line(check)}" for check in checks], ""]
+        md += ["## Claims and thresholds", "", *[f"- {check_line(check)}" for check in checks], ""]
     md += ["## Results (median over repetitions)", "",
            main_table.to_markdown(index=False, floatfmt=".3g") if not main_table.empty else "(none)", ""]
     md += [f"![{title}]({path})" for path, title in images] + [""]
@@ -257,7 +246,7 @@ def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], t
         parts = esc(text).split("**")
         return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)).replace("`", "")
 
-    check_items = "".join(f"<li class={'pass' if c['passed'] else 'fail'}>{esc(_check_line(c))}</li>" for c in checks)
+    check_items = "".join(f"<li class={'pass' if c['passed'] else 'fail'}>{esc(check_line(c))}</li>" for c in checks)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(manifest['experiment'])}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}table{{border-collapse:collapse;
 font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}

@@ -83,17 +83,9 @@ def point_label(key: str, value: Any) -> str:
     return _slug(f"{key.split('.', 1)[-1]}={value}")
 
 
-def _options(experiment: Experiment, strategy_index: int, workload_sweep: dict[str, Any]) -> dict[str, Any]:
-    wl = experiment.workload
-    spec = experiment.strategies[strategy_index]
-    options = Options(strategy=spec.workload_strategy, steps=wl.steps, preset=wl.preset, micro_batch=wl.micro_batch,
-                      micro_batches=wl.micro_batches, seq_len=wl.seq_len, lr=wl.lr, seed=wl.seed,
-                      synthetic=wl.compute == "synthetic", compute_ms=wl.compute_ms, device_tflops=wl.device_tflops)
-    values = dataclasses.asdict(options)
-    values.update(spec.options)
-    for key, value in workload_sweep.items():
-        values[key.split(".", 1)[1]] = value
-    return values
+def _options(experiment: Experiment, strategy_index: int, workload_point: dict[str, Any]) -> dict[str, Any]:
+    """Every workload option of the cell, explicit (defaults included), so result.json's argv reproduces it."""
+    return dataclasses.asdict(Options(**experiment.cell_options(strategy_index, workload_point)))
 
 
 def plan_cells(experiment: Experiment, topology: Topology) -> list[Cell]:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from testbed.fabric.base import FabricError
 from testbed.plan.network import NetworkPlan, Node
 from testbed.spec.topology import Topology
 
@@ -38,14 +37,15 @@ class Outcome:
 
 def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metrics_dir: Path,
                 extra_env: dict[str, str] | None = None, master_port: int | None = None) -> list[RankSpec]:
-    """Ranks numbered DC by DC, node by node; every DC must hold the same number of nodes."""
-    sizes = {dc.nodes for dc in topology.dcs}
-    if len(sizes) != 1:
-        raise FabricError("runs need the same number of nodes in every DC (TESTBED_NODES_PER_DC is one number); "
-                          f"got {', '.join(f'{dc.name}={dc.nodes}' for dc in topology.dcs)}")
-    nodes_per_dc = sizes.pop()
+    """Ranks numbered DC by DC, node by node. DCs may differ in size: TESTBED_DC_SIZES lists the ranks of
+    every DC; TESTBED_NODES_PER_DC is set too when they are all the same."""
+    sizes = [dc.nodes * ranks_per_node for dc in topology.dcs]
+    sized = {"TESTBED_DC_SIZES": ",".join(map(str, sizes))}
+    if len(set(sizes)) == 1:
+        sized["TESTBED_NODES_PER_DC"] = str(sizes[0])
     world = len(plan.nodes) * ranks_per_node
-    port = master_port or random.randint(20000, 40000)
+    # below Linux's ephemeral range (32768-60999): a port in it can be taken by a connection's local end
+    port = master_port or random.randint(20000, 32000)
     rtts = [2 * end.shaping.params.latency for end in plan.link_ends if end.kind == "inter-dc"]
     specs: list[RankSpec] = []
     for node in plan.nodes:  # plan order: DC by DC, node by node
@@ -55,8 +55,7 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
                 "MASTER_ADDR": plan.nodes[0].address, "MASTER_PORT": str(port), "RANK": str(rank),
                 "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ranks_per_node),
                 "GROUP_RANK": str(rank // ranks_per_node), "TESTBED_DC": str(node.dc_index),
-                "TESTBED_NUM_DCS": str(len(topology.dcs)), "TESTBED_NODES_PER_DC": str(nodes_per_dc * ranks_per_node),
-                "TESTBED_NODE": node.name, "TESTBED_METRICS_DIR": str(metrics_dir),
+                "TESTBED_NUM_DCS": str(len(topology.dcs)), **sized, "TESTBED_NODE": node.name, "TESTBED_METRICS_DIR": str(metrics_dir),
                 "TESTBED_LINK_RTT_MS": f"{max(rtts, default=0.0) * 1e3:.3f}",
                 "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                 **(extra_env or {}),

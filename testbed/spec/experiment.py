@@ -1,28 +1,32 @@
-"""The experiment file: a topology x strategies x a parameter sweep, the workload, repetitions, thresholds."""
+"""The experiment file: a topology x strategies x a parameter sweep, the workload, repetitions, thresholds.
+
+Everything that can be known before running is checked when the file loads: options against their
+definitions (testbed.spec.strategies), every cell's options together against the model and the topology,
+thresholds against the cells the experiment will produce."""
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from testbed import units
 from testbed.spec.errors import SpecError
 from testbed.spec.loader import load_yaml, validate_data
+from testbed.spec.strategies import OPTIONS, STRATEGIES, OptionError, Options, check_option, check_options, problem_of
 from testbed.spec.topology import Topology, load_topology, topology_from_data
 
 LINK_KEY = re.compile(r"^links\[(\*|[a-z][a-z0-9_]*\s*,\s*[a-z][a-z0-9_]*)\]\.(latency|distance|bandwidth|jitter|loss)$")
 LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distance, "bandwidth": units.parse_rate,
                 "jitter": units.parse_duration, "loss": units.parse_fraction}
-
-
-def _option_fields() -> dict[str, Any]:
-    from testbed.workload.options import Options
-
-    return {f.name: f for f in dataclasses.fields(Options)}
+METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
+           "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
+NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
+WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
+                    "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
 
 class WorkloadSpec(BaseModel):
@@ -31,26 +35,22 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     preset: str = "tiny"
-    micro_batch: int = Field(4, ge=1)
-    micro_batches: int = Field(2, ge=1)
-    seq_len: int | None = Field(None, ge=8)
-    steps: int = Field(12, ge=1)
+    micro_batch: int = 4
+    micro_batches: int = 2
+    seq_len: int | None = None
+    steps: int = 12
     warmup_steps: int = Field(2, ge=0)
     seed: int = 1234
-    lr: float = Field(3e-3, gt=0)
+    lr: float = 3e-3
     compute: Literal["real", "synthetic"] = "real"
-    compute_ms: float | None = Field(None, gt=0)
-    device_tflops: float | None = Field(None, gt=0)
+    compute_ms: float | None = None
+    device_tflops: float | None = None
     ranks_per_node: int = Field(1, ge=1, le=8)
 
-    @field_validator("preset")
+    @field_validator(*WORKLOAD_OPTIONS, mode="before")
     @classmethod
-    def _preset(cls, value: str) -> str:
-        from testbed.workload.model import PRESETS
-
-        if value not in PRESETS:
-            raise ValueError(f"unknown preset {value!r} (known: {', '.join(PRESETS)})")
-        return value
+    def _option(cls, value: Any, info: Any) -> Any:
+        return check_option(info.field_name, value)
 
     @model_validator(mode="after")
     def _warmup(self) -> "WorkloadSpec":
@@ -70,15 +70,25 @@ class StrategySpec(BaseModel):
 
     @model_validator(mode="after")
     def _known(self) -> "StrategySpec":
-        from testbed.workload.strategies import STRATEGIES
-
         strategy = self.strategy or self.name
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
-        fields = _option_fields()
         for key, value in self.options.items():
-            if key not in fields or key in ("strategy", "metrics_dir", "dump_dir", "steps"):
+            definition = OPTIONS.get(key)
+            if definition is None or definition.place == "harness":
                 raise ValueError(f"options.{key}: unknown strategy option")
+            if definition.place == "workload":
+                raise ValueError(f"options.{key}: set it under workload:, for every strategy")
+            if strategy not in definition.strategies:
+                raise ValueError(f"options.{key}: {strategy} does not use it (used by {', '.join(definition.strategies)})")
+            try:
+                self.options[key] = check_option(key, value)
+            except ValueError as error:
+                raise ValueError(f"options.{key}: {error}") from None
+            if definition.when:
+                other, values = definition.when
+                if self.options.get(other, OPTIONS[other].default) not in values:
+                    raise ValueError(f"options.{key}: only used with {other}: {' or '.join(values)}")
         return self
 
     @property
@@ -96,8 +106,7 @@ class Threshold(BaseModel):
     claim: str | None = None
     than: str | None = None
 
-    metric: Literal["scaling_efficiency", "tokens_per_s", "step_s_median", "exposed_comm_share", "bubble_ratio",
-                    "inter_dc_gb_per_step", "final_loss"]
+    metric: Literal[METRICS]  # type: ignore[valid-type]
     strategy: str | None = None
     where: dict[str, Any] = {}
     min: float | None = None
@@ -107,7 +116,21 @@ class Threshold(BaseModel):
     def _bound(self) -> "Threshold":
         if self.min is None and self.max is None:
             raise ValueError("give min, max or both")
+        if self.than is not None and self.strategy is None:
+            raise ValueError("than: compares a strategy with another; give strategy too")
         return self
+
+
+def resolve_where(key: str, sweep_keys: list[str]) -> str:
+    """The sweep key a threshold's `where` key names: itself, or the one sweep key ending in '.key'."""
+    if key in sweep_keys:
+        return key
+    matches = [k for k in sweep_keys if k.endswith("." + key)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"{key!r} is ambiguous: give the whole sweep key ({' or '.join(matches)})")
+    raise ValueError(f"{key!r} is not swept (sweep keys: {', '.join(sweep_keys) or 'none'})")
 
 
 class Experiment(BaseModel):
@@ -135,31 +158,132 @@ class Experiment(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _sweep(self) -> "Experiment":
+    def _consistent(self) -> "Experiment":
         names = [s.name for s in self.strategies]
         for index, name in enumerate(names):
             if name in names[:index]:
                 raise ValueError(f"strategies[{index}].name: duplicate strategy name {name!r}")
-        fields = _option_fields()
         for key, values in self.sweep.items():
-            if not values:
-                raise ValueError(f"sweep.{key}: give at least one value")
-            match = LINK_KEY.match(key)
-            if match:
-                parser = LINK_PARSERS[match.group(2)]
-                for value in values:
-                    try:
-                        parser(value)
-                    except ValueError as error:
-                        raise ValueError(f"sweep.{key}: {error}") from None
-            elif key.startswith("workload."):
-                field = key.split(".", 1)[1]
-                if field not in fields or field in ("strategy", "metrics_dir", "dump_dir"):
-                    raise ValueError(f"sweep.{key}: unknown workload option {field!r}")
-            else:
-                raise ValueError(f"sweep.{key}: expected links[A,B].latency|distance|bandwidth|jitter|loss, "
-                                 "links[*].<field> or workload.<option>")
+            self._check_sweep(key, values)
+        for index, threshold in enumerate(self.thresholds):
+            self._check_threshold(f"thresholds[{index}]", threshold)
         return self
+
+    def _check_sweep(self, key: str, values: list[Any]) -> None:
+        if not values:
+            raise ValueError(f"sweep.{key}: give at least one value")
+        match = LINK_KEY.match(key)
+        if match:
+            parser = LINK_PARSERS[match.group(2)]
+            for index, value in enumerate(values):
+                try:
+                    parser(value)
+                except ValueError as error:
+                    raise ValueError(f"sweep.{key}[{index}]: {error}") from None
+            return
+        if not key.startswith("workload."):
+            raise ValueError(f"sweep.{key}: expected links[A,B].latency|distance|bandwidth|jitter|loss, "
+                             "links[*].<field> or workload.<option>")
+        name = key.split(".", 1)[1]
+        definition = OPTIONS.get(name)
+        if definition is None or definition.place == "harness":
+            raise ValueError(f"sweep.{key}: unknown workload option {name!r}")
+        if name == "synthetic":
+            raise ValueError(f"sweep.{key}: sweep workload.compute in separate experiments")
+        users = [s.name for s in self.strategies if s.workload_strategy in definition.strategies]
+        if not users:
+            raise ValueError(f"sweep.{key}: no strategy of this experiment uses {name} "
+                             f"(used by {', '.join(definition.strategies)})")
+        for index, value in enumerate(values):
+            try:
+                check_option(name, value)
+            except ValueError as error:
+                raise ValueError(f"sweep.{key}[{index}]: {error}") from None
+
+    def _check_threshold(self, field: str, threshold: Threshold) -> None:
+        names = [s.name for s in self.strategies]
+        for part in ("strategy", "than"):
+            value = getattr(threshold, part)
+            if value is not None and value not in names:
+                raise ValueError(f"{field}.{part}: {value!r} is not a strategy of this experiment "
+                                 f"(strategies: {', '.join(names)})")
+        if threshold.than is not None and threshold.than == threshold.strategy:
+            raise ValueError(f"{field}.than: compares {threshold.than} with itself")
+        for key, value in threshold.where.items():
+            try:
+                sweep_key = resolve_where(key, list(self.sweep))
+            except ValueError as error:
+                raise ValueError(f"{field}.where.{key}: {error}") from None
+            written = [str(v) for v in self.sweep[sweep_key]]
+            if str(value) not in written:
+                raise ValueError(f"{field}.where.{key}: no cell has {sweep_key} = {value} "
+                                 f"(swept: {', '.join(written)})")
+        if threshold.metric in NEEDS_BASELINE and self.baseline != "auto":
+            raise ValueError(f"{field}.metric: {threshold.metric} is measured against baseline cells, "
+                             "and this experiment has baseline: none")
+        involved = [s for s in self.strategies if threshold.strategy is None or s.name in
+                    (threshold.strategy, threshold.than)]
+        if threshold.metric == "bubble_ratio":
+            other = [s.name for s in involved if s.workload_strategy != "pp"]
+            if other:
+                raise ValueError(f"{field}.metric: bubble_ratio is measured for pipelines (pp) only, "
+                                 f"not {', '.join(other)}")
+        if threshold.metric == "final_loss" and self.workload.compute == "synthetic":
+            raise ValueError(f"{field}.metric: synthetic compute has no loss")
+
+    # --- cells ---------------------------------------------------------------------------------------------
+    def workload_points(self) -> list[dict[str, Any]]:
+        """Every combination of the workload sweep values ([{}] without any)."""
+        keys = [k for k in self.sweep if k.startswith("workload.")]
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))]
+
+    def cell_options(self, index: int, workload_point: dict[str, Any]) -> dict[str, Any]:
+        """The workload options of strategy `index` at a workload sweep point (only those set)."""
+        wl = self.workload
+        spec = self.strategies[index]
+        values: dict[str, Any] = {
+            "strategy": spec.workload_strategy, "steps": wl.steps, "preset": wl.preset, "micro_batch": wl.micro_batch,
+            "micro_batches": wl.micro_batches, "seq_len": wl.seq_len, "lr": wl.lr, "seed": wl.seed,
+            "synthetic": wl.compute == "synthetic", "compute_ms": wl.compute_ms, "device_tflops": wl.device_tflops}
+        values.update(spec.options)
+        values.update({key.split(".", 1)[1]: value for key, value in workload_point.items()})
+        return values
+
+    def field_of(self, index: int, workload_point: dict[str, Any], option: str) -> tuple[str, str]:
+        """Where the user wrote option `option` of strategy `index`, or would write it: (field, note)."""
+        if option in self.strategies[index].options:
+            return f"strategies[{index}].options.{option}", ""
+        if f"workload.{option}" in workload_point:
+            return f"sweep.workload.{option}", ""
+        if option in WorkloadSpec.model_fields:
+            return f"workload.{option}", "" if option in self.workload.model_fields_set else " (the default)"
+        if option == "synthetic":
+            return "workload.compute", ""
+        if option in OPTIONS and OPTIONS[option].place == "any":
+            return f"strategies[{index}].options.{option}", " (the default)"
+        return f"strategies[{index}]", ""
+
+    def check_cells(self, topology: Topology, source: Path | None) -> None:
+        """Every cell's options together, against the model and the topology's DCs; raises SpecError."""
+        ranks = self.workload.ranks_per_node
+        sizes = [dc.nodes * ranks for dc in topology.dcs]
+        names = [dc.name for dc in topology.dcs]
+        for point in self.workload_points():
+            at = f" (at {', '.join(f'{k}={v}' for k, v in point.items())})" if point else ""
+            steps = point.get("workload.steps", self.workload.steps)
+            if self.workload.warmup_steps >= int(steps):
+                raise SpecError(source, "workload.warmup_steps",
+                                f"{self.workload.warmup_steps} leaves no measured step of {steps}{at}")
+            for index in range(len(self.strategies)):
+                try:
+                    check_options(Options(**self.cell_options(index, point)), sizes, names)
+                except ValidationError as error:
+                    option, problem = problem_of(error)
+                    field, note = self.field_of(index, point, option)
+                    raise SpecError(source, field, problem + note + at) from None
+                except OptionError as error:
+                    field, note = self.field_of(index, point, error.field)
+                    raise SpecError(source, field, f"{error}{note}{at}") from None
 
     def load_topology(self, source: Path | None) -> Topology:
         """The topology: a file relative to the experiment file, or inline; checks sweep link names."""
@@ -169,7 +293,6 @@ class Experiment(BaseModel):
             base = source.parent if source else Path.cwd()
             path = (base / self.topology) if not Path(self.topology).is_absolute() else Path(self.topology)
             topology = load_topology(path)
-        dcs = {dc.name for dc in topology.dcs}
         for key in self.sweep:
             match = LINK_KEY.match(key)
             if match and match.group(1) != "*":
@@ -179,12 +302,14 @@ class Experiment(BaseModel):
                 except KeyError:
                     known = ", ".join(f"[{x.between[0]},{x.between[1]}]" for x in topology.links)
                     raise SpecError(source, f"sweep.{key}", f"no link between {a} and {b} (links: {known})") from None
-                assert a in dcs and b in dcs
         return topology
 
 
 def load_experiment(path: str | Path) -> tuple[Experiment, Topology]:
-    """Load an experiment file and its topology; raises SpecError (one line) when unusable."""
+    """Load an experiment file and its topology, and check every cell it will run; raises SpecError (one
+    line naming file and field) when anything is unusable."""
     path = Path(path)
     experiment = validate_data(Experiment, load_yaml(path), path)
-    return experiment, experiment.load_topology(path)
+    topology = experiment.load_topology(path)
+    experiment.check_cells(topology, path)
+    return experiment, topology

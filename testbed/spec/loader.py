@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,14 +37,19 @@ def _problem(error: dict[str, Any]) -> str:
     return message
 
 
+# Model-level checks name their field themselves as "field: problem" (brackets may hold spaces: links[a, b]).
+_NAMED = re.compile(r"^((?:[A-Za-z_]|\[[^\]]*\])(?:[^\s:\[]|\[[^\]]*\])*): (.*)$")
+
+
 def _from_validation_error(source: str | Path | None, error: ValidationError) -> SpecError:
     first = error.errors()[0]
     loc = tuple(part for part in first.get("loc", ()) if part != "__root__")
     problem = _problem(first)
-    # Model-level checks name their field themselves as "field: problem".
-    if not loc and ": " in problem and " " not in problem.split(": ", 1)[0]:
-        field, problem = problem.split(": ", 1)
-        return SpecError(source, field, problem)
+    named = _NAMED.match(problem)
+    if named and first.get("type") == "value_error":
+        inner, problem = named.groups()
+        path = field_path(loc)
+        return SpecError(source, f"{path}.{inner}" if path else inner, problem)
     return SpecError(source, field_path(loc), problem)
 
 

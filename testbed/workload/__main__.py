@@ -1,35 +1,51 @@
-"""`python -m testbed.workload --strategy hier-dp --steps 6 ...` under torchrun (or the testbed runner)."""
+"""`python -m testbed.workload --strategy hier-dp --steps 6 ...` under torchrun (or the testbed runner).
+
+The flags, their types, ranges and help come from testbed.spec.strategies, the options' one definition."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from testbed.workload.options import Options
+from testbed.spec.strategies import OPTIONS, OptionDef, Options, check_option, problem_of
 
-OPTIONAL_TYPES = {"seq_len": int, "compute_ms": float, "device_tflops": float, "metrics_dir": str, "dump_dir": str}
-CHOICES = {"strategy": ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco"),
-           "schedule": ("gpipe", "1f1b", "interleaved-1f1b", "overlap"),
-           "compression": ("none", "fp16", "bf16", "int8"), "optimizer": ("adamw", "sgd")}
+
+def _parse(definition: OptionDef):
+    def parse(text: str):
+        try:
+            return check_option(definition.name, text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = definition.name
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(prog="python -m testbed.workload",
                                   description="Train a small GPT across emulated DCs with one strategy.")
-    for field in dataclasses.fields(Options):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type in ("bool", bool):
-            out.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+    for definition in OPTIONS.values():
+        flag = "--" + definition.name.replace("_", "-")
+        used = "" if len(definition.strategies) > 3 else f" [{', '.join(definition.strategies)}]"
+        help = f"{definition.help}{used} (default: {definition.default})"
+        if definition.annotation is bool:
+            out.add_argument(flag, action=argparse.BooleanOptionalAction, default=definition.default, help=help)
         else:
-            kind = OPTIONAL_TYPES.get(field.name) or type(field.default)
-            out.add_argument(flag, type=kind, default=field.default, choices=CHOICES.get(field.name))
+            out.add_argument(flag, type=_parse(definition), default=definition.default, help=help,
+                             metavar="|".join(map(str, definition.choices)) if definition.choices else None)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
     args = vars(parser().parse_args(argv))
-    opts = Options(**{f.name: args[f.name] for f in dataclasses.fields(Options)})
+    try:
+        opts = Options(**{name: args[name] for name in OPTIONS})
+    except ValidationError as error:
+        field, problem = problem_of(error)
+        print(f"testbed.workload: error: --{field.replace('_', '-')}: {problem}", file=sys.stderr)
+        return 2
     from testbed.workload.layout import LayoutError
     from testbed.workload.run import train
 

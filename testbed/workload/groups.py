@@ -1,5 +1,6 @@
-"""Process groups built from the DC layout: intra-DC, inter-DC (same index in every DC) and extra
-inter-DC "lanes" so several chunks can be in flight on separate connections."""
+"""Process groups built from the DC layout: intra-DC, inter-DC (the same index in every DC; see
+Layout.inter_group for unequal DCs) and extra inter-DC "lanes" so several chunks can be in flight on
+separate connections."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class Groups:
     layout: Layout
     intra: dist.ProcessGroup
     intra_gather: dist.ProcessGroup  # a second intra-DC group, for a second communication thread
-    inter: dist.ProcessGroup
+    inter: dist.ProcessGroup  # this rank's inter-DC group
     lanes: list[dist.ProcessGroup]  # inter-DC groups (lanes[0] is `inter`)
     intra_ranks: list[int]
     inter_ranks: list[int]
@@ -40,11 +41,11 @@ def build_groups(layout: Layout, lanes: int = 1) -> Groups:
         if dc == layout.dc:
             intra, intra_gather = group, second
     for lane in range(max(1, lanes)):
-        for index in range(layout.nodes_per_dc):
-            group = dist.new_group(layout.peers_across_dcs(index))
-            if index == layout.index_in_dc:
+        for k in range(layout.inter_count):
+            group = dist.new_group(layout.inter_group(k))
+            if k == layout.inter_index:
                 lane_groups.append(group)
     inter = lane_groups[0]
     assert intra is not None and intra_gather is not None and inter is not None
     return Groups(layout, intra, intra_gather, inter, lane_groups, layout.dc_ranks(layout.dc),
-                  layout.peers_across_dcs(layout.index_in_dc))
+                  layout.inter_group(layout.inter_index))

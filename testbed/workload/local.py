@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from testbed.workload.options import Options
 
@@ -25,9 +26,12 @@ def free_port() -> int:
 
 
 def launch(num_dcs: int, nodes_per_dc: int, runs: list[Options], out: Path, timeout: float = 300,
-           env: dict[str, str] | None = None) -> None:
-    """Run `runs` on num_dcs x nodes_per_dc ranks on loopback; raises with the failing rank's stderr."""
-    world = num_dcs * nodes_per_dc
+           env: dict[str, str] | None = None, dc_sizes: Sequence[int] | None = None) -> None:
+    """Run `runs` on num_dcs x nodes_per_dc ranks (or DCs of `dc_sizes` ranks) on loopback; raises with the
+    failing rank's stderr."""
+    sizes = list(dc_sizes) if dc_sizes else [nodes_per_dc] * num_dcs
+    world = sum(sizes)
+    dc_of = [dc for dc, size in enumerate(sizes) for _ in range(size)]
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "runs.json"
     spec.write_text(json.dumps([dataclasses.asdict(r) for r in runs]))
@@ -36,8 +40,10 @@ def launch(num_dcs: int, nodes_per_dc: int, runs: list[Options], out: Path, time
     for rank in range(world):
         rank_env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
                     "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-                    "TESTBED_NUM_DCS": str(num_dcs), "TESTBED_NODES_PER_DC": str(nodes_per_dc),
-                    "TESTBED_DC": str(rank // nodes_per_dc)}
+                    "TESTBED_NUM_DCS": str(len(sizes)), "TESTBED_DC_SIZES": ",".join(map(str, sizes)),
+                    "TESTBED_DC": str(dc_of[rank])}
+        if len(set(sizes)) == 1:
+            rank_env["TESTBED_NODES_PER_DC"] = str(sizes[0])
         log = open(out / f"rank{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, "-m", "testbed.workload.local", str(spec)], env=rank_env,
                                        stdout=log, stderr=subprocess.STDOUT), log))

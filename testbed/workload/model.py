@@ -3,30 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab: int = 256  # byte-level tokens
-    seq_len: int = 64
-    d_model: int = 64
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-
-
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(d_model=64, n_layers=4, n_heads=4, seq_len=64),  # ~0.2M params: a CPU step in ms
-    "small": ModelConfig(d_model=256, n_layers=6, n_heads=8, seq_len=128),  # ~4.8M
-    "medium": ModelConfig(d_model=512, n_layers=8, n_heads=8, seq_len=256),  # ~25M
-    "gpt-100m": ModelConfig(d_model=768, n_layers=14, n_heads=12, seq_len=512),  # ~99M
-}
+from testbed.spec.presets import PRESETS, ModelConfig
 
 
 class Block(nn.Module):

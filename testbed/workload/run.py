@@ -18,14 +18,12 @@ from testbed.workload.groups import backend, build_groups
 from testbed.workload.layout import layout_from_env
 from testbed.workload.metrics import Meter, MetricsWriter
 from testbed.workload.model import PRESETS, count_parameters, GPT
-from testbed.workload.options import Options
+from testbed.workload.options import Options, check_options
 from testbed.workload.strategies import make_strategy
 from testbed.workload.strategies.base import Context
 
 
 def model_config(opts: Options):
-    if opts.preset not in PRESETS:
-        raise ValueError(f"unknown preset {opts.preset!r} (known: {', '.join(PRESETS)})")
     cfg = PRESETS[opts.preset]
     return dataclasses.replace(cfg, seq_len=opts.seq_len) if opts.seq_len else cfg
 
@@ -43,6 +41,7 @@ def train(opts: Options) -> list[dict]:
 
 def train_in_group(opts: Options, layout) -> list[dict]:
     """Run `opts.steps` steps on this rank inside an initialised default group (JSON lines as it goes)."""
+    check_options(opts, layout.dc_sizes)
     cfg = model_config(opts)
     device = torch.device("cpu")
     if backend() == "nccl":
@@ -62,15 +61,17 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device))
     writer = MetricsWriter(opts.metrics_dir or os.environ.get("TESTBED_METRICS_DIR"), layout.rank)
     writer.write({"event": "start", "rank": layout.rank, "dc": layout.dc, "num_dcs": layout.num_dcs,
-                  "nodes_per_dc": layout.nodes_per_dc, "world": layout.world, "strategy": opts.strategy,
+                  "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes), "world": layout.world, "strategy": opts.strategy,
                   "options": dataclasses.asdict(opts), "model": dataclasses.asdict(cfg),
                   "parameters": count_parameters(GPT(cfg)), "corpus_sha256": data.corpus_hash(),
                   "backend": backend(), "synthetic_s": synthetic, "time": time.time()})
-    first, count = strategy.samples_per_step()
+    ranges = strategy.sample_ranges()
+    count = sum(n for _, n in ranges)
     share = layout.num_dcs if opts.strategy == "pp" else 1  # a pipeline's tokens, counted once
     records = []
     for step in range(opts.steps):
-        x, y = data.samples(step, first, count, cfg.seq_len, opts.seed)
+        parts = [data.samples(step, first, n, cfg.seq_len, opts.seed) for first, n in ranges]
+        x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         micro = list(zip(x.to(device).split(opts.micro_batch), y.to(device).split(opts.micro_batch)))
         meter.reset()
         start = time.perf_counter()

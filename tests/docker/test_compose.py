@@ -28,6 +28,7 @@ def headings(run_dir) -> list[str]:
     return [line for line in (run_dir / "report.md").read_text().splitlines() if line.startswith("#")]
 
 
+@pytest.mark.timeout(900)  # two whole quickstarts (about two minutes each here) and the compose bring-up
 def test_compose_quickstart_writes_the_report_the_netns_backend_writes(prefix, docker_image, tmp_path):
     results = ROOT / "results" / "quickstart"
     before = set(results.glob("*"))

@@ -111,6 +111,7 @@ def test_up_shapes_every_host_and_down_restores_it(lab):
     assert_restored(hosts, ssh_prefix, before)
 
 
+@pytest.mark.timeout(600)  # the whole quickstart, about two minutes here
 def test_quickstart_runs_across_hosts_and_leaves_them_as_they_were(lab, tmp_path):
     hosts, env, ssh_prefix = lab
     before = snapshot(hosts, ssh_prefix)

@@ -8,6 +8,7 @@ from testbed.spec import SpecError
 from testbed.spec.experiment import load_experiment
 
 from ..conftest import ROOT
+from ..experiments.malformed import MALFORMED, THREE_UNEQUAL, write
 
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
 
@@ -81,3 +82,28 @@ def test_bad_strategies_give_one_line(tmp_path, strategies, field, needle):
     with pytest.raises(SpecError) as caught:
         load_experiment(path)
     assert str(caught.value).startswith(f"{path}: {field}") and needle in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED), ids=sorted(MALFORMED))
+def test_malformed_experiments_are_refused_at_load_time_with_one_line(tmp_path, case):
+    path = write(tmp_path, case)
+    _, field, needle = MALFORMED[case]
+    with pytest.raises(SpecError) as caught:
+        load_experiment(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: {field}: ") and needle in message, message
+
+
+def test_each_malformed_case_is_one_edit_from_a_good_file(tmp_path):
+    """The table's files are otherwise valid: the good twin of one of each kind loads."""
+    from ..experiments.malformed import LATENCY, text
+
+    good = {"chunks": text("[flat-dp, {name: o, strategy: hier-dp-overlap, options: {chunks: 4}}]"),
+            "where": text("[flat-dp]", sweep=LATENCY, thresholds="{metric: tokens_per_s, strategy: flat-dp, "
+                                                               "where: {latency: 20ms}, min: 1}"),
+            "unequal": text("[flat-dp, {name: d, strategy: diloco, options: {inner_steps: 2}}, pp]",
+                            topology=THREE_UNEQUAL)}
+    for name, body in good.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(body)
+        load_experiment(path)

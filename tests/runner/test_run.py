@@ -48,16 +48,31 @@ def run_dir_of(out: Path) -> Path:
 def test_run_writes_results_report_and_gates(prefix, tmp_path):
     extra = ("thresholds:\n  - {metric: tokens_per_s, strategy: flat-dp, where: {latency: 1ms}, min: 1}\n"
              "  - {metric: tokens_per_s, strategy: flat-dp, where: {latency: 5ms}, max: 1, claim: impossible}\n")
-    proc = run_cli("run", str(experiment(tmp_path, extra=extra)), "--out", str(tmp_path / "out"), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("run", str(experiment(tmp_path, extra=extra)), "--out", str(tmp_path / "out"), "--check",
+                   timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # every cell ran; the impossible threshold is missed
     run_dir = run_dir_of(tmp_path / "out")
     assert f"report: {run_dir / 'report.html'}" in proc.stdout.replace("\n", "")
+    assert "PASS: tokens_per_s of flat-dp at latency=1ms" in proc.stdout and "FAIL: impossible" in proc.stdout
     assert namespaces_with(prefix) == []
     rows = list(csv.DictReader(open(run_dir / "summary.csv")))
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    steps = list(csv.DictReader(open(run_dir / "steps.csv")))
     for row in rows:
         assert float(row["inter_dc_bytes_kernel"]) > 0 and float(row["tokens_per_s"]) > 0
-        assert float(row["scaling_efficiency"]) > 0
+        assert float(row["scaling_efficiency"]) > 0 and 0 < float(row["efficiency_vs_single_site"]) <= 1.5
+        # throughput is the measured steps' tokens over their summed wall time (slowest rank per step)
+        mine = [r for r in steps if r["cell"] == row["cell"] and int(r["step"]) >= 1]
+        walls = {}
+        for r in mine:
+            walls[r["step"]] = max(walls.get(r["step"], 0.0), float(r["wall_s"]))
+        tokens = sum(float(r["tokens"]) for r in mine)
+        assert float(row["tokens_per_s"]) == pytest.approx(tokens / sum(walls.values()), rel=1e-9)
+        assert float(row["step_s_mean"]) == pytest.approx(sum(walls.values()) / len(walls), rel=1e-9)
+        assert float(row["step_s_median"]) <= float(row["step_s_p90"])
+    best = max(float(r["tokens_per_s"]) for r in rows if r["baseline"] == "True")
+    for row in rows:
+        assert float(row["efficiency_vs_single_site"]) == pytest.approx(float(row["tokens_per_s"]) / best)
     baseline = [r for r in rows if r["baseline"] == "True"]
     assert {r["strategy"] for r in baseline} == {"flat-dp", "hier-dp"}
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -75,10 +90,20 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
     assert set(manifest["calibration"]) == {r["cell"] for r in rows}
     html = (run_dir / "report.html").read_text()
     assert '<img src="plots/efficiency.png"' in html and (run_dir / "plots" / "efficiency.png").stat().st_size > 5000
-    assert "best is" in (run_dir / "report.md").read_text()
-    check = run_cli("check", str(run_dir))
+    assert '<img src="plots/throughput.png"' in html
+    reading = (run_dir / "report.md").read_text().split("## Reading", 1)[1].split("##", 1)[0]
+    first = [line for line in reading.splitlines() if line.startswith("- ")][:2]
+    assert all("fastest is **" in line and "tokens/s" in line for line in first), reading
+    check = run_cli("check", str(run_dir), "--junit", str(tmp_path / "junit.xml"))
     assert check.returncode == 1
     assert "PASS:" in check.stdout and "FAIL: impossible" in check.stdout
+    from xml.etree import ElementTree
+
+    suites = {s.get("name"): s for s in ElementTree.parse(tmp_path / "junit.xml").getroot().iter("testsuite")}
+    cases = suites["tiny.thresholds"].findall("testcase")
+    assert [c.get("name") for c in cases] == ["tokens_per_s of flat-dp at latency=1ms >= 1.0", "impossible"]
+    assert cases[0].find("failure") is None and cases[1].find("failure").get("message").endswith("bound <= 1.0")
+    assert len(suites["tiny.cells"].findall("testcase")) == 6 and suites["tiny.cells"].get("failures") == "0"
     (run_dir / "report.html").unlink()
     assert run_cli("report", str(run_dir)).returncode == 0 and (run_dir / "report.html").exists()
     compare = run_cli("compare", str(run_dir), str(run_dir), check=True)
@@ -117,7 +142,8 @@ def test_a_killed_rank_fails_its_cell_and_the_rest_completes(prefix, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 1, err[-2000:]  # a cell failed: CI must see it
+    assert "1 of 2 cells failed" in err and "FAIL: cell flat-dp__latency-east-west=1ms__r0: rank 1" in err
     run_dir = run_dir_of(tmp_path / "out")
     results = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "cells").glob("*/result.json")}
     killed = [r for name, r in results.items() if "1ms" in name][0]
@@ -200,3 +226,103 @@ def test_several_ranks_per_node(prefix, tmp_path):
     assert [s["dc"] for s in starts] == [0, 0, 1, 1] and all(s["nodes_per_dc"] == 2 for s in starts)
     logs = [(result_path.parent / "logs" / f"rank{r}.log").exists() for r in range(4)]
     assert all(logs)
+
+
+UNEQUAL = """name: uneven
+dcs: [{name: a, nodes: 2}, {name: b, nodes: 1}, {name: c, nodes: 2}]
+links: [{between: [a, b], latency: 2ms, bandwidth: 1gbit}, {between: [b, c], latency: 2ms, bandwidth: 1gbit}]
+"""
+
+SIZES_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1 << 16) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+keys = ("TESTBED_DC", "TESTBED_DC_SIZES", "TESTBED_NUM_DCS", "TESTBED_NODES_PER_DC", "TESTBED_NODE")
+out = os.path.join(os.environ["TESTBED_METRICS_DIR"], f"user{dist.get_rank()}.json")
+json.dump({"sum": float(t[0]), **{k: os.environ.get(k) for k in keys}}, open(out, "w"))
+dist.destroy_process_group()
+code = int(os.environ.get("FAIL_RANK_2_WITH", "0"))
+sys.exit(code if os.environ["RANK"] == "2" else 0)
+"""
+
+
+def test_bring_your_own_script_on_unequal_dcs(prefix, tmp_path):
+    topology, script = tmp_path / "uneven.yaml", tmp_path / "sizes.py"
+    topology.write_text(UNEQUAL)
+    script.write_text(SIZES_SCRIPT)
+    proc = run_cli("run", "--topology", str(topology), "--out", str(tmp_path / "out"), "--", sys.executable, str(script),
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next((tmp_path / "out").glob("command-uneven/*"))
+    outputs = [json.loads((run_dir / "cells" / "command" / "metrics" / f"user{r}.json").read_text()) for r in range(5)]
+    assert [o["TESTBED_DC"] for o in outputs] == ["0", "0", "1", "2", "2"]
+    assert [o["TESTBED_NODE"] for o in outputs] == ["a-0", "a-1", "b-0", "c-0", "c-1"]
+    assert all(o["TESTBED_DC_SIZES"] == "2,1,2" and o["TESTBED_NUM_DCS"] == "3" for o in outputs)
+    assert all(o["TESTBED_NODES_PER_DC"] is None for o in outputs)  # one number cannot describe these DCs
+    assert all(o["sum"] == 15.0 for o in outputs)
+    assert namespaces_with(prefix) == []
+
+
+def test_bring_your_own_rank_that_fails_fails_the_run(prefix, tmp_path):
+    script = tmp_path / "sizes.py"
+    script.write_text(SIZES_SCRIPT)
+    env = {**os.environ, "FAIL_RANK_2_WITH": "3"}
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "--topology",
+                           str(ROOT / "topologies" / "two-dc.yaml"), "--out", str(tmp_path / "out"), "--",
+                           sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "FAIL: cell command: rank 2 on west-0 died (exit code 3)" in proc.stderr
+    run_dir = next((tmp_path / "out").glob("command-two-dc/*"))
+    assert json.loads((run_dir / "cells" / "command" / "result.json").read_text())["failed_rank"] == 2
+    assert namespaces_with(prefix) == []
+
+
+def test_flat_dp_and_diloco_train_on_unequal_dcs(prefix, tmp_path):
+    path = tmp_path / "exp.yaml"
+    topology = "".join(f"  {line}\n" for line in UNEQUAL.splitlines())
+    path.write_text(f"name: uneven\ntopology:\n{topology}workload: {{steps: 4, warmup_steps: 1, micro_batch: 2, "
+                    "micro_batches: 1}\nstrategies: [flat-dp, {name: diloco, options: {inner_steps: 2}}]\n"
+                    "baseline: none\ncalibrate: none\ncell_timeout: 120\n")
+    proc = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = next((tmp_path / "out").glob("uneven/*"))
+    rows = {r["strategy"]: r for r in csv.DictReader(open(run_dir / "summary.csv"))}
+    assert set(rows) == {"flat-dp", "diloco"} and all(r["status"] == "ok" for r in rows.values())
+    for name, row in rows.items():
+        cell = run_dir / "cells" / row["cell"] / "metrics"
+        starts = [json.loads((cell / f"rank{r}.jsonl").read_text().splitlines()[0]) for r in range(5)]
+        assert [s["dc"] for s in starts] == [0, 0, 1, 2, 2] and all(s["dc_sizes"] == [2, 1, 2] for s in starts)
+        assert float(row["inter_dc_bytes_kernel"]) > 0 and float(row["final_loss"]) > 0
+    # DiLoCo crosses DCs only every second step, so it moves fewer bytes than flat-dp
+    assert float(rows["diloco"]["inter_dc_bytes_kernel"]) < float(rows["flat-dp"]["inter_dc_bytes_kernel"])
+    assert namespaces_with(prefix) == []
+
+
+def test_check_against_an_earlier_run_fails_when_it_got_slower(prefix, tmp_path):
+    def once(bandwidth: str) -> Path:
+        path = experiment(tmp_path, strategies="[flat-dp]", sweep="[1ms]", baseline="none")
+        path.write_text(path.read_text().replace("bandwidth: 1gbit", f"bandwidth: {bandwidth}"))
+        before = set((tmp_path / "out" / "tiny").glob("*"))
+        proc = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (run,) = set((tmp_path / "out" / "tiny").glob("*")) - before
+        time.sleep(1.1)  # run directories are named by the second
+        return run
+
+    last_night, tonight = once("1gbit"), once("20mbit")
+    same = run_cli("check", str(last_night), "--against", str(last_night))
+    assert same.returncode == 0 and "PASS: tokens_per_s of flat-dp (links[east,west].latency=1ms)" in same.stdout
+    slower = run_cli("check", str(tonight), "--against", str(last_night), "--tolerance", "5%",
+                     "--junit", str(tmp_path / "junit.xml"))
+    assert slower.returncode == 1, slower.stdout
+    line = next(x for x in slower.stdout.splitlines() if x.startswith("FAIL: tokens_per_s of flat-dp"))
+    assert "fell by" in line and "(tolerance 5%)" in line
+    assert 'name="tiny.regression" tests="2" failures="' in (tmp_path / "junit.xml").read_text()
+    other = tmp_path / "other"
+    other.mkdir()
+    manifest = json.loads((last_night / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "experiment": "something-else"}))
+    refused = run_cli("check", str(tonight), "--against", str(other))
+    assert refused.returncode == 2 and "is a run of 'something-else'" in refused.stderr
+    assert namespaces_with(prefix) == []

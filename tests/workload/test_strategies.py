@@ -20,11 +20,13 @@ from testbed.workload.options import Options
 BASE = Options(steps=1, micro_batch=2, micro_batches=2, optimizer="sgd", lr=0.1, seed=11)
 
 
-def run(tmp: Path, num_dcs: int, nodes: int, runs: dict[str, Options], env: dict | None = None) -> dict:
+def run(tmp: Path, num_dcs: int, nodes: int, runs: dict[str, Options], env: dict | None = None,
+        dc_sizes: list[int] | None = None) -> dict:
     """Run named configurations; returns name -> rank -> dump (grads, params, records)."""
     configs = [replace(o, dump_dir=str(tmp / name), metrics_dir=str(tmp / name / "metrics")) for name, o in runs.items()]
-    launch(num_dcs, nodes, configs, tmp / "launch", timeout=600, env=env)
-    return {name: {r: torch.load(tmp / name / f"rank{r}.pt") for r in range(num_dcs * nodes)} for name in runs}
+    launch(num_dcs, nodes, configs, tmp / "launch", timeout=600, env=env, dc_sizes=dc_sizes)
+    world = sum(dc_sizes) if dc_sizes else num_dcs * nodes
+    return {name: {r: torch.load(tmp / name / f"rank{r}.pt") for r in range(world)} for name in runs}
 
 
 def steps(records: list[dict], key: str) -> list[float]:
@@ -94,6 +96,50 @@ def test_every_pipeline_schedule_matches_the_unpipelined_model(tmp_path, nodes):
         last_stage = [d for r, d in out[schedule].items() if r // nodes == 1]
         losses = [d["records"][0]["loss"] for d in last_stage]
         assert sum(losses) / len(losses) == pytest.approx(ref_loss, rel=1e-5)  # mean over replicas
+
+
+def reference_grads(opts: Options, first: int, count: int) -> dict[str, torch.Tensor]:
+    """Mean gradient of the unsplit model over samples [first, first + count) of step 0."""
+    torch.manual_seed(opts.seed)
+    model = GPT(PRESETS[opts.preset])
+    x, y = data.samples(0, first, count, PRESETS[opts.preset].seq_len, opts.seed)
+    loss_fn(model(x), y).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def test_unequal_dcs_run_flat_dp_diloco_and_a_pipeline(tmp_path):
+    """DCs of 2, 1 and 2 ranks: flat-dp averages every sample, a pipeline runs max(sizes) = 2 replicas (the
+    one-rank DC serving both), DiLoCo counts every DC once in its outer average (sharded or not, streaming)."""
+    sizes = [2, 1, 2]
+    common = replace(BASE, micro_batches=2)
+    outer = dict(strategy="diloco", inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    out = run(tmp_path, 3, 0, {
+        "flat": replace(common, strategy="flat-dp"),
+        "pp": replace(common, strategy="pp", schedule="1f1b"),
+        "diloco": replace(common, **outer),
+        "diloco_plain": replace(common, **outer, outer_shard=False),
+        "streaming": replace(common, **{**outer, "strategy": "streaming-diloco"}, fragments=1, overlap_steps=0),
+    }, dc_sizes=sizes)
+    per = common.micro_batch * common.micro_batches
+    flat, _ = reference_pipeline_grads(common, 5)
+    pipeline, _ = reference_pipeline_grads(common, 2)
+    for rank in range(5):
+        for name, grad in flat.items():
+            assert torch.allclose(out["flat"][rank]["grads"][name], grad, atol=1e-7, rtol=1e-5), name
+        for name, grad in out["pp"][rank]["grads"].items():
+            assert torch.allclose(grad, pipeline[name], atol=1e-6, rtol=1e-4), ("pp", rank, name)
+    assert set().union(*(out["pp"][r]["grads"] for r in (0, 2, 3))) == set(pipeline)
+    # DiLoCo, H = 1, outer SGD lr 1: the new weights are the start minus lr x the mean over DCs of each DC's
+    # mean gradient (DC a: samples of ranks 0-1, b: rank 2, c: ranks 3-4)
+    starts = [0, 2, 3]
+    by_dc = [reference_grads(common, s * per, n * per) for s, n in zip(starts, sizes)]
+    torch.manual_seed(common.seed)
+    initial = dict(GPT(PRESETS[common.preset]).named_parameters())
+    for variant in ("diloco", "diloco_plain", "streaming"):
+        for rank in range(5):
+            for name, start in initial.items():
+                expected = start.detach() - common.lr * sum(g[name] for g in by_dc) / 3
+                assert torch.allclose(out[variant][rank]["params"][name], expected, atol=1e-6), (variant, rank, name)
 
 
 def test_diloco_with_h1_and_plain_outer_sgd_is_flat_dp(tmp_path):

@@ -15,7 +15,20 @@ from testbed.workload.strategies.pipeline import schedule_ops
 def test_layout_from_torchrun_env():
     layout = layout_from_env({"RANK": "5", "WORLD_SIZE": "6", "TESTBED_NUM_DCS": "3", "TESTBED_NODES_PER_DC": "2"})
     assert (layout.dc, layout.index_in_dc) == (2, 1)
-    assert layout.peers_across_dcs(1) == [1, 3, 5] and layout.dc_ranks(1) == [2, 3]
+    assert layout.inter_group(1) == [1, 3, 5] and layout.dc_ranks(1) == [2, 3]
+    assert layout.nodes_per_dc == 2 and layout.inter_weight == 1.0
+
+
+def test_layout_of_unequal_dcs():
+    env = {"RANK": "3", "WORLD_SIZE": "5", "TESTBED_DC_SIZES": "2,1,2", "TESTBED_DC": "2"}
+    layout = layout_from_env(env)
+    assert (layout.dc, layout.index_in_dc, layout.num_dcs, layout.nodes_per_dc) == (2, 0, 3, None)
+    assert [layout.dc_of(r) for r in range(5)] == [0, 0, 1, 2, 2] and layout.dc_ranks(2) == [3, 4]
+    # the smallest DC has one rank: one inter-DC group, in which DCs a and c count once each
+    assert layout.inter_count == 1 and layout.inter_group(0) == [0, 1, 2, 3, 4] and layout.inter_weight == 0.5
+    wider = layout_from_env({"RANK": "4", "WORLD_SIZE": "7", "TESTBED_DC_SIZES": "4,3"})
+    assert wider.inter_count == 3 and wider.inter_group(0) == [0, 3, 4] and wider.inter_group(1) == [1, 5]
+    assert layout_from_env({"RANK": "0", "WORLD_SIZE": "7", "TESTBED_DC_SIZES": "4,3"}).inter_weight == 0.5
 
 
 @pytest.mark.parametrize("env,needle", [
@@ -23,6 +36,10 @@ def test_layout_from_torchrun_env():
     ({"RANK": "0", "WORLD_SIZE": "4", "TESTBED_NUM_DCS": "2", "TESTBED_NODES_PER_DC": "2", "TESTBED_DC": "1"},
      "numbered DC by DC"),
     ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": "4", "TESTBED_DC_SIZES": "2,1,2"}, "does not add up to WORLD_SIZE=4"),
+    ({"RANK": "0", "WORLD_SIZE": "5", "TESTBED_DC_SIZES": "2,one,2"}, "comma-separated"),
+    ({"RANK": "0", "WORLD_SIZE": "5", "TESTBED_DC_SIZES": "2,1,2", "TESTBED_NUM_DCS": "2"}, "lists 3"),
+    ({"RANK": "2", "WORLD_SIZE": "5", "TESTBED_DC_SIZES": "2,1,2", "TESTBED_DC": "0"}, "falls in DC 1"),
 ])
 def test_bad_layouts_are_one_line(env, needle):
     with pytest.raises(LayoutError, match=needle):
@@ -129,3 +146,21 @@ def test_presets_and_pipeline_cuts():
     assert split_points(6, 2) == [(0, 3), (3, 6)] and split_points(7, 3) == [(0, 3), (3, 5), (5, 7)]
     with pytest.raises(ValueError):
         split_points(2, 3)
+
+
+def test_the_workload_command_line_comes_from_the_option_definitions(capsys):
+    from testbed.spec.strategies import OPTIONS, STRATEGIES
+    from testbed.workload.__main__ import parser
+    from testbed.workload.strategies import make_strategy
+
+    args = vars(parser().parse_args(["--strategy", "pp", "--schedule", "overlap", "--no-outer-shard",
+                                     "--compute-ms", "12.5"]))
+    assert set(args) == set(OPTIONS) and args["schedule"] == "overlap" and args["outer_shard"] is False
+    assert args["compute_ms"] == 12.5 and args["chunks"] == OPTIONS["chunks"].default
+    for bad, needle in ((["--chunks", "four"], "--chunks: Input should be a valid integer"),
+                        (["--lanes", "0"], "--lanes: Input should be greater than or equal to 1"),
+                        (["--schedule", "zigzag"], "--schedule: Input should be 'gpipe', '1f1b'")):
+        with pytest.raises(SystemExit) as caught:
+            parser().parse_args(bad)
+        assert caught.value.code == 2 and needle in capsys.readouterr().err
+    assert all(type(make_strategy(name)).name == name for name in STRATEGIES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from testbed.spec.strategies import STRATEGIES
 from testbed.workload.strategies.base import Strategy
 
 
@@ -12,9 +13,8 @@ def make_strategy(name: str) -> Strategy:
 
     table = {"flat-dp": FlatDP, "hier-dp": HierDP, "hier-dp-overlap": HierDPOverlap, "pp": Pipeline,
              "diloco": DiLoCo, "streaming-diloco": StreamingDiLoCo}
+    assert set(table) == set(STRATEGIES), "every strategy of testbed.spec.strategies has a class"
     if name not in table:
         raise ValueError(f"unknown strategy {name!r} (known: {', '.join(table)})")
     return table[name]()
 
-
-STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco")

@@ -46,11 +46,11 @@ class Strategy(ABC):
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
         """Run one step; return {'loss': float | None, ...}. Counters go to ctx.meter."""
 
-    def samples_per_step(self) -> tuple[int, int]:
-        """(first global sample, count) this rank trains on per step."""
+    def sample_ranges(self) -> list[tuple[int, int]]:
+        """(first global sample, count) ranges this rank trains on per step."""
         opts, layout = self.ctx.opts, self.ctx.layout
         per_rank = opts.micro_batch * opts.micro_batches
-        return layout.rank * per_rank, per_rank
+        return [(layout.rank * per_rank, per_rank)]
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         """The averaged gradients the last step applied (tests compare strategies with them)."""

@@ -5,7 +5,8 @@ optimizer (AdamW); every H steps the pseudo-gradient (global weights - local wei
 DCs and applied to the global weights by the outer optimizer, Nesterov SGD (lr 0.7, momentum 0.9), and
 every replica restarts from the new global weights. With `outer_shard` each node of a DC averages only
 1/n of the pseudo-gradient across DCs and the DC all-gathers the rest (cross-DC payload per rank per step:
-N/(n*H); without sharding N/H).
+N/(n*H); without sharding N/H). DCs of different sizes: the pseudo-gradient is cut into as many shards as
+the smallest DC has ranks (Layout.inter_group), and each DC counts once in the average.
 
 streaming-diloco: the parameters are cut into fragments synchronised in turn (fragment f at steps
 f*H/F, f*H/F + H, ...); each fragment's cross-DC all-reduce is started asynchronously and only applied
@@ -61,17 +62,20 @@ class DiLoCo(DataParallel):
     def pseudo_gradient_average(self, indexes: list[int]) -> torch.Tensor:
         """Mean over DCs of (global - local) for the parameters `indexes`, flat."""
         groups, comm, opts = self.ctx.groups, self.ctx.comm, self.ctx.opts
+        layout = self.ctx.layout
         delta = torch.cat([(self.global_params[i] - self.params[i].detach()).reshape(-1) for i in indexes])
-        n = self.ctx.layout.nodes_per_dc
+        n = layout.inter_count  # shards: one per inter-DC group
         if opts.outer_shard and n > 1:
             pad = (-delta.numel()) % n
             padded = torch.nn.functional.pad(delta, (0, pad))
-            shard = padded.chunk(n)[self.ctx.layout.index_in_dc].clone()
+            shard = padded.chunk(n)[layout.inter_index] * layout.inter_weight
             comm.all_reduce(shard, groups.inter, groups.inter_ranks)
+            # rank k of the DC holds shard k mod n: the first n of the DC's shards are the whole, in order
             delta = comm.all_gather(shard, groups.intra, groups.intra_ranks)[: delta.numel()]
         else:
+            delta = delta * layout.inter_weight
             comm.all_reduce(delta, groups.inter, groups.inter_ranks)
-        return delta / self.ctx.layout.num_dcs
+        return delta / layout.num_dcs
 
     def apply_outer(self, indexes: list[int], delta: torch.Tensor, optimizer: torch.optim.Optimizer,
                     local_progress: list[torch.Tensor] | None = None) -> None:
@@ -127,6 +131,7 @@ class StreamingDiLoCo(DiLoCo):
         groups = self.ctx.groups
         frag = self.fragments[f]
         delta = torch.cat([(self.global_params[i] - self.params[i].detach()).reshape(-1) for i in frag])
+        delta *= self.ctx.layout.inter_weight  # a sum over the group then counts every DC once
         snapshot = [self.params[i].detach().clone() for i in frag]
         work = self.ctx.comm.all_reduce_async(delta, groups.inter, groups.inter_ranks)
         self.in_flight.append((f, index, work, delta, snapshot))

@@ -131,8 +131,7 @@ class HierDP(DataParallel):
     name = "hier-dp"
 
     def sync(self) -> None:
-        n = self.ctx.layout.nodes_per_dc
-        flat = self.flat_gradients(self.params, multiple=n)
+        flat = self.flat_gradients(self.params, multiple=self.ctx.layout.dc_size)
         self.write_gradients(self.params, self.hierarchical(flat, "all"))
 
 
@@ -202,7 +201,7 @@ class HierDPOverlap(DataParallel):
         """Reduce-scatter bucket b in the DC and start every cross-DC chunk of its shard."""
         groups, comm, opts = self.ctx.groups, self.ctx.comm, self.ctx.opts
         chunks = max(1, opts.chunks)
-        flat = self.flat_gradients(self.buckets[b], multiple=self.ctx.layout.nodes_per_dc * chunks)
+        flat = self.flat_gradients(self.buckets[b], multiple=self.ctx.layout.dc_size * chunks)
         shard = comm.reduce_scatter(flat, groups.intra, groups.intra_ranks)
         pieces = list(shard.chunk(chunks))
         lanes = groups.lanes

@@ -1,7 +1,9 @@
 """Pipeline parallelism with the stage boundary on the DC boundary.
 
 Stage s of a pipeline lives in DC s; the n nodes of a DC are n pipeline replicas (data parallel inside
-the DC: the stage's gradients are all-reduced over the DC after the pipeline flush). The model (embedding,
+the DC: the stage's gradients are all-reduced over the DC after the pipeline flush). DCs of different
+sizes: there are as many replicas as the largest DC has ranks, and a rank of a smaller DC runs several
+replicas' schedules one after the other (its stage is the slow one, as it would be). The model (embedding,
 blocks, head) is cut into p*v contiguous chunks; chunk c belongs to stage c mod p (v > 1 only for the
 interleaved schedule).
 
@@ -28,12 +30,12 @@ import time
 import torch
 from torch import nn
 
+from testbed.spec.strategies import SCHEDULES
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
 from testbed.workload.strategies.base import (Context, MicroBatch, Strategy, average_in_dc, build_model,
                                               make_optimizer)
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
 Op = tuple[str, int, int]  # ("F" | "B", virtual chunk index on this stage, micro-batch)
 
 
@@ -119,6 +121,10 @@ class Pipeline(Strategy):
         self.shape = (opts.micro_batch, ctx.cfg.seq_len, ctx.cfg.d_model)
         self.lookahead = self._lookahead() if opts.schedule == "overlap" else 0
         self.ops = schedule_ops(opts.schedule, self.p, self.stage, self.m, self.v, self.lookahead)
+        # Pipeline replicas: as many as the largest DC has ranks; rank j of a DC with n ranks serves the
+        # replicas r with r mod n == j, one after the other (DCs of equal size: one replica per rank).
+        self.pipelines = max(layout.dc_sizes)
+        self.replicas = [r for r in range(self.pipelines) if r % layout.dc_size == layout.index_in_dc]
         self._last_grads: dict[str, torch.Tensor] = {}
 
     def _lookahead(self) -> int:
@@ -132,19 +138,19 @@ class Pipeline(Strategy):
             return max(1, self.p - 1)
         return min(self.m, math.ceil(rtt / per_micro))
 
-    def samples_per_step(self) -> tuple[int, int]:
-        opts, layout = self.ctx.opts, self.ctx.layout
-        per_pipeline = opts.micro_batch * self.m
-        return layout.index_in_dc * per_pipeline, per_pipeline
+    def sample_ranges(self) -> list[tuple[int, int]]:
+        per_pipeline = self.ctx.opts.micro_batch * self.m
+        return [(replica * per_pipeline, per_pipeline) for replica in self.replicas]
 
     # --- helpers -----------------------------------------------------------------------------------------
-    def owner(self, g: int) -> int:
-        """Rank holding global chunk g in this rank's pipeline replica."""
+    def owner(self, g: int, replica: int) -> int:
+        """Rank holding global chunk g in pipeline replica `replica`."""
         layout = self.ctx.layout
-        return (g % self.p) * layout.nodes_per_dc + layout.index_in_dc
+        dc = g % self.p
+        return layout.dc_start(dc) + replica % layout.dc_sizes[dc]
 
-    def tag(self, g: int, mb: int, backward: bool) -> int:
-        return (g * 4096 + mb) * 2 + int(backward)
+    def tag(self, g: int, mb: int, backward: bool, replica: int) -> int:
+        return ((replica * self.p * self.v + g) * 4096 + mb) * 2 + int(backward)
 
     def _synthetic_seconds(self) -> tuple[float, float]:
         per_chunk = self.ctx.synthetic_s / (self.p * self.v)
@@ -153,11 +159,38 @@ class Pipeline(Strategy):
     # --- one step ------------------------------------------------------------------------------------------
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
         ctx = self.ctx
-        comm, meter, rank = ctx.comm, ctx.meter, ctx.layout.rank
-        overlap = ctx.opts.schedule == "overlap"
         step_start = time.perf_counter()
         for param in self.params:
             param.grad.zero_()
+        synthetic = ctx.synthetic_s is not None
+        losses: list[float] = []
+        for k, replica in enumerate(self.replicas):
+            losses += self._run(replica, micro_batches[k * self.m: (k + 1) * self.m])
+        pipeline_end = time.perf_counter()
+        if synthetic:
+            for param in self.params:
+                param.grad.fill_(1e-3)
+        dp_start = time.perf_counter()
+        average_in_dc(ctx, self.params)  # data parallelism among this stage's replicas
+        if self.pipelines != ctx.layout.dc_size:  # a rank served several replicas: their mean, not their sum
+            for param in self.params:
+                param.grad.mul_(ctx.layout.dc_size / self.pipelines)
+        ctx.meter.add("exposed_s", time.perf_counter() - dp_start)
+        if ctx.opts.dump_dir:
+            self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
+        if not synthetic:
+            self.optimizer.step()
+        pipeline_time = pipeline_end - step_start
+        bubble = max(0.0, pipeline_time - ctx.meter.step.compute_s)
+        ctx.meter.add("bubble_s", bubble)
+        return {"loss": sum(losses) / len(self.replicas) if losses else None, "stage": self.stage,
+                "lookahead": self.lookahead, "pipeline_s": pipeline_time}
+
+    def _run(self, replica: int, micro_batches: list[MicroBatch]) -> list[float]:
+        """One pipeline replica's schedule on this stage; returns the losses (last stage) of its micro-batches."""
+        ctx = self.ctx
+        comm, meter, rank = ctx.comm, ctx.meter, ctx.layout.rank
+        overlap = ctx.opts.schedule == "overlap"
         synthetic = ctx.synthetic_s is not None
         t_fwd, t_bwd = self._synthetic_seconds() if synthetic else (0.0, 0.0)
         recvs: dict[tuple[int, int, bool], tuple[torch.Tensor, object]] = {}
@@ -167,9 +200,9 @@ class Pipeline(Strategy):
         losses: list[float] = []
 
         def post(g: int, mb: int, backward: bool) -> None:
-            peer = self.owner(g + 1 if backward else g - 1)
+            peer = self.owner(g + 1 if backward else g - 1, replica)
             buffer = torch.empty(self.shape, device=ctx.device)
-            recvs[(g, mb, backward)] = (buffer, comm.irecv(buffer, peer, self.tag(g, mb, backward)))
+            recvs[(g, mb, backward)] = (buffer, comm.irecv(buffer, peer, self.tag(g, mb, backward, replica)))
 
         def incoming(g: int, mb: int, backward: bool) -> torch.Tensor:
             key = (g, mb, backward)
@@ -182,19 +215,19 @@ class Pipeline(Strategy):
             return buffer
 
         def outgoing(g_to: int, mb: int, backward: bool, tensor: torch.Tensor) -> None:
-            peer = self.owner(g_to)
+            peer = self.owner(g_to, replica)
             if peer == rank:
                 local[(g_to, mb, backward)] = tensor
             else:
-                sends.append(comm.isend(tensor.contiguous(), peer, self.tag(g_to, mb, backward),
+                sends.append(comm.isend(tensor.contiguous(), peer, self.tag(g_to, mb, backward, replica),
                                         cross_dc=ctx.layout.dc_of(peer) != ctx.layout.dc))
 
         if overlap:  # every receive of the step posted now: transfers start the moment peers send
             for kind, k, mb in self.ops:
                 g = self.global_chunks[k]
-                if kind == "F" and g > 0 and self.owner(g - 1) != rank:
+                if kind == "F" and g > 0 and self.owner(g - 1, replica) != rank:
                     post(g, mb, False)
-                if kind == "B" and g < self.last_chunk and self.owner(g + 1) != rank:
+                if kind == "B" and g < self.last_chunk and self.owner(g + 1, replica) != rank:
                     post(g, mb, True)
 
         for kind, k, mb in self.ops:
@@ -234,23 +267,7 @@ class Pipeline(Strategy):
                     outgoing(g - 1, mb, True, grad_in)
         for handle in sends:
             handle.wait()
-        pipeline_end = time.perf_counter()
-        if synthetic:
-            for param in self.params:
-                param.grad.fill_(1e-3)
-        dp_start = time.perf_counter()
-        average_in_dc(ctx, self.params)  # data parallelism among this stage's replicas
-        dp = time.perf_counter() - dp_start
-        meter.add("exposed_s", dp)
-        if ctx.opts.dump_dir:
-            self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
-        if not synthetic:
-            self.optimizer.step()
-        pipeline_time = pipeline_end - step_start
-        bubble = max(0.0, pipeline_time - meter.step.compute_s)
-        meter.add("bubble_s", bubble)
-        return {"loss": sum(losses) if losses else None, "stage": self.stage, "lookahead": self.lookahead,
-                "pipeline_s": pipeline_time}
+        return losses
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         return self._last_grads

@@ -1,0 +1,85 @@
+"""Malformed experiment files, each with the field its one-line error must name and a word of the problem.
+
+Each is a mistake that used to run anyway (failing its cells minutes later, or producing a gate that could
+never pass) or one a user is likely to make; all can be seen before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TWO_DC = "  name: pair\n  dcs: [{name: east, nodes: 2}, {name: west, nodes: 2}]\n" \
+         "  links: [{between: [east, west], latency: 2ms, bandwidth: 1gbit}]\n"
+THREE_UNEQUAL = "  name: uneven\n  dcs: [{name: a, nodes: 2}, {name: b, nodes: 1}, {name: c, nodes: 2}]\n" \
+                "  links: [{between: [a, b], latency: 2ms}, {between: [b, c], latency: 2ms}]\n"
+
+
+def text(strategies: str, *, workload: str = "{steps: 4, warmup_steps: 1}", sweep: str = "",
+         thresholds: str = "", topology: str = TWO_DC, extra: str = "") -> str:
+    out = f"name: bad\ntopology:\n{topology}workload: {workload}\nstrategies: {strategies}\ncalibrate: none\n"
+    if sweep:
+        out += f"sweep:\n  {sweep}\n"
+    if thresholds:
+        out += f"thresholds:\n  - {thresholds}\n"
+    return out + extra
+
+
+LATENCY = "links[east,west].latency: [1ms, 20ms]"
+
+MALFORMED: dict[str, tuple[str, str, str]] = {
+    # the six kinds of the issue
+    "option_of_wrong_type": (text("[flat-dp, {name: o, strategy: hier-dp-overlap, options: {chunks: four}}]"),
+                             "strategies[1].options.chunks", "valid integer"),
+    "sweep_value_out_of_range": (text("[flat-dp]", sweep="workload.micro_batches: [2, 0]"),
+                                 "sweep.workload.micro_batches[1]", "greater than or equal to 1"),
+    "negative_inner_steps": (text("[{name: d, strategy: diloco, options: {inner_steps: -5}}]"),
+                             "strategies[0].options.inner_steps", "greater than or equal to 1"),
+    "virtual_chunks_beyond_the_model": (
+        text("[{name: p, strategy: pp, options: {schedule: interleaved-1f1b, virtual_chunks: 4}}]"),
+        "strategies[0].options.virtual_chunks", "2 stages x 4 chunks = 8 pipeline chunks"),
+    "where_value_no_cell_has": (text("[flat-dp]", sweep=LATENCY,
+                                     thresholds="{metric: tokens_per_s, strategy: flat-dp, where: {latency: 30ms}, min: 1}"),
+                                "thresholds[0].where.latency", "no cell has links[east,west].latency = 30ms"),
+    "threshold_strategy_not_run": (text("[flat-dp]", sweep=LATENCY,
+                                        thresholds="{metric: tokens_per_s, strategy: hier-dp, min: 1}"),
+                                   "thresholds[0].strategy", "'hier-dp' is not a strategy of this experiment"),
+    # more of the same family
+    "threshold_than_not_run": (text("[flat-dp]", thresholds="{metric: tokens_per_s, strategy: flat-dp, "
+                                                           "than: diloco, min: 1}"),
+                               "thresholds[0].than", "'diloco' is not a strategy"),
+    "option_the_strategy_ignores": (text("[{name: f, strategy: flat-dp, options: {chunks: 4}}]"),
+                                    "strategies[0].options.chunks", "flat-dp does not use it"),
+    "option_the_schedule_ignores": (text("[{name: p, strategy: pp, options: {virtual_chunks: 2}}]"),
+                                    "strategies[0].options.virtual_chunks", "only used with schedule"),
+    "unknown_choice": (text("[{name: h, strategy: hier-dp, options: {compression: gzip}}]"),
+                       "strategies[0].options.compression", "'none', 'fp16', 'bf16' or 'int8'"),
+    "workload_value_out_of_range": (text("[flat-dp]", workload="{steps: 4, warmup_steps: 1, micro_batch: 0}"),
+                                    "workload.micro_batch", "greater than or equal to 1"),
+    "efficiency_without_baseline": (text("[flat-dp]", thresholds="{metric: scaling_efficiency, min: 0.5}",
+                                         extra="baseline: none\n"),
+                                    "thresholds[0].metric", "baseline: none"),
+    "bubble_of_data_parallelism": (text("[flat-dp]", thresholds="{metric: bubble_ratio, strategy: flat-dp, max: 1}"),
+                                   "thresholds[0].metric", "pipelines (pp) only"),
+    "where_key_not_swept": (text("[flat-dp]", sweep=LATENCY,
+                                 thresholds="{metric: tokens_per_s, where: {bandwidth: 1gbit}, min: 1}"),
+                            "thresholds[0].where.bandwidth", "not swept"),
+    "interleaved_micro_batches_not_a_multiple": (
+        text("[{name: p, strategy: pp, options: {schedule: interleaved-1f1b, virtual_chunks: 1}}]",
+             workload="{steps: 4, warmup_steps: 1, micro_batches: 3}"),
+        "workload.micro_batches", "multiple of the stages (2)"),
+    "hier_dp_on_unequal_dcs": (text("[flat-dp, hier-dp]", topology=THREE_UNEQUAL),
+                               "strategies[1]", "hier-dp needs the same number of ranks in every DC"),
+    "compute_ms_with_real_compute": (text("[flat-dp]", workload="{steps: 4, warmup_steps: 1, compute_ms: 50}"),
+                                     "workload.compute_ms", "only used with synthetic compute"),
+    "diloco_that_never_syncs": (text("[{name: d, strategy: diloco, options: {inner_steps: 50}}]"),
+                                "strategies[0].options.inner_steps", "never synchronise"),
+    "swept_steps_leave_nothing_measured": (text("[flat-dp]", sweep="workload.steps: [4, 1]"),
+                                           "workload.warmup_steps", "no measured step"),
+    "sweep_of_an_option_nobody_reads": (text("[flat-dp]", sweep="workload.chunks: [2, 4]"),
+                                        "sweep.workload.chunks", "no strategy of this experiment uses chunks"),
+}
+
+
+def write(directory: Path, case: str) -> Path:
+    path = directory / f"{case}.yaml"
+    path.write_text(MALFORMED[case][0])
+    return path
