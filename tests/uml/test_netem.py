@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.uml, pytest.mark.root, pytest.mark.timeout(1800)]
 THREE_DC = """
 name: three-netem
 dcs:
-  - {name: east, nodes: 1}
+  - {name: east, nodes: 2}   # east-1: the other end of an unshaped path, to measure UML's own round trip
   - {name: west, nodes: 1}
   - {name: north, nodes: 1}
 links:                       # east <-> north has no link: routed over west
@@ -39,6 +39,13 @@ links:                       # east <-> north has no link: routed over west
 def rtt_bound_ms(configured_ms: float) -> float:
     """How far the probe's RTT p50 may be from the configured RTT inside UML: max(5 %, 1.5 ms)."""
     return max(0.05 * configured_ms, 1.5)
+
+
+def uml_round_trip_ms(testbed) -> float:
+    """The probe's round trip over an unshaped path inside one DC (east-0 -> east-1): what UML's one slow CPU
+    adds to every round trip (ptrace'd Python endpoints; ~1 ms here, more while the host is busy), taken off
+    before a measured RTT is held against the configured one. On the host this is ~0.1 ms."""
+    return statistics.median(pings(testbed, "east-0", "east-1", 100, 0.01)["rtts"]) * 1e3
 
 
 def tc(namespace: str, *args: str) -> str:
@@ -96,11 +103,12 @@ def test_auto_picks_netem_and_status_names_it_on_every_inter_dc_end(prefix, tmp_
     assert "delay 8ms" in netem_line(f"{prefix}north-gw", "to-west")
 
 
-def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three_dc):
+def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three_dc, prefix):
+    overhead = uml_round_trip_ms(attach(prefix))
     proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "3", timeout=600)
     assert proc.returncode == 0, proc.stderr
     pairs = {(p["src"], p["dst"]): p for p in json.loads(proc.stdout)["pairs"]}
-    assert len(pairs) == 6
+    assert len(pairs) == 6 and 0 <= overhead < 5
     expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
     expected_rate = {("east", "west"): 200, ("west", "east"): 200, ("west", "north"): 100,
                      ("north", "west"): 50, ("east", "north"): 100, ("north", "east"): 50}
@@ -108,10 +116,10 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
         rtt = expected_rtt.get((src, dst)) or expected_rtt[(dst, src)]
         assert pair["shaper"] == "netem" and pair["not_applied"] == "", pair
         assert pair["rtt_configured_ms"] == pytest.approx(rtt)
-        assert abs(pair["rtt_p50_ms"] - rtt) <= rtt_bound_ms(rtt), pair
+        assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, pair)
         assert pair["rate_configured_mbps"] == pytest.approx(expected_rate[(src, dst)])
         assert abs(pair["goodput_error"]) <= 0.10, pair
-    print(json.dumps(list(pairs.values()), indent=1))  # the measured figures, for the record
+    print(f"UML round trip {overhead:.2f} ms;", json.dumps(list(pairs.values()), indent=1))  # for the record
 
 
 def test_jitter_and_loss_follow_their_laws(three_dc, prefix):
@@ -148,8 +156,9 @@ def test_live_shape_changes_the_qdisc_in_place_and_the_probe_sees_it(three_dc, p
         assert part in line, line
     assert "rate 80Mbit" in tc(gateway, "class", "show", "dev", "to-west")
     assert qdisc_sent_bytes(gateway, "to-west") >= sent_before  # the same qdisc: `tc change`, not a rebuild
+    overhead = uml_round_trip_ms(attach(prefix))
     rtts = pings(attach(prefix), "east-0", "west-0", 200, 0.005)["rtts"]
-    assert abs(statistics.median(rtts) * 1e3 - 50) <= rtt_bound_ms(50)
+    assert abs(statistics.median(rtts) * 1e3 - overhead - 50) <= rtt_bound_ms(50), overhead
     info = json.loads(run_cli("status", "--json", check=True).stdout)
     link = next(link for link in info["links"] if link["key"] == "east->west")
     assert link["latency"] == "25ms" and link["bandwidth"] == "80mbit" and link["mechanism"] == "htb+netem"
