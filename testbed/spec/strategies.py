@@ -15,6 +15,7 @@ from testbed.spec.presets import PRESETS
 
 _EQUAL_SHARDS = ("its reduce-scatter cuts each DC's gradients into one shard per rank, and the shards of "
                  "different DCs must pair up")
+_RECTANGULAR_MESH = "its 2-D DeviceMesh (DCs x ranks per DC) must be rectangular"
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,25 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
     StrategyInfo("pp", "a pipeline stage per DC, data parallel inside each DC"),
     StrategyInfo("diloco", "inner AdamW in the DC, an outer Nesterov step across DCs every inner_steps"),
     StrategyInfo("streaming-diloco", "DiLoCo with fragments synchronised in turn, overlapped with inner steps"),
+    StrategyInfo("ddp", "PyTorch DistributedDataParallel: bucketed all-reduce over all ranks, overlapped with "
+                        "backward; optionally one of DDP's own comm hooks"),
+    StrategyInfo("fsdp", "PyTorch FSDP2 (fully_shard) over all ranks: all-gather weights, reduce-scatter gradients"),
+    StrategyInfo("hsdp", "PyTorch FSDP2 on a 2-D DeviceMesh: shard inside a DC, all-reduce the shards across DCs",
+                 _RECTANGULAR_MESH),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")
 OVERLAP = ("hier-dp-overlap",)
 PP = ("pp",)
 DILOCO = ("diloco", "streaming-diloco")
+TORCH_NATIVE = ("ddp", "fsdp", "hsdp")  # PyTorch's own wrappers: they communicate from inside autograd's backward
+FSDP = ("fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
+# What cannot run with the pinned torch (2.13, CPU) and gloo, as tried: one line each, said at load time.
+CANNOT_RUN = {
+    "comm_hook=bf16": "DDP's bf16_compress_hook needs CUDA 11+ with NCCL 2.10+: on CPU with gloo torch 2.13 raises "
+                      "TypeError when the hook is registered (use comm_hook: fp16)",
+}
 
 StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
@@ -75,6 +88,19 @@ class Options:
     chunks: int = option(4, "inter-DC chunks per bucket, all in flight at once", strategies=OVERLAP, ge=1)
     lanes: int = option(2, "inter-DC process groups (connections) the chunks are spread over", strategies=OVERLAP,
                         ge=1, le=64)
+    # PyTorch's own data parallelism
+    bucket_cap_mb: float = option(25.0, "DDP's gradient bucket size, MB (DDP's default: 25)", strategies=("ddp",), gt=0)
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = option(
+        "none", "DDP comm hook: none (DDP's built-in all-reduce), fp16 (fp16_compress_hook), powersgd (powerSGD_hook); "
+                "bf16 (bf16_compress_hook) needs CUDA and NCCL and is refused here",
+        strategies=("ddp",))
+    powersgd_rank: int = option(1, "PowerSGD's matrix_approximation_rank", strategies=("ddp",),
+                                when=("comm_hook", ("powersgd",)), ge=1)
+    powersgd_start_iter: int = option(2, "PowerSGD's start_powerSGD_iter: plain all-reduce before this step",
+                                      strategies=("ddp",), when=("comm_hook", ("powersgd",)), ge=2)
+    reshard_after_forward: bool = option(True, "FSDP2: free each block's gathered weights after forward and gather "
+                                               "them again in backward (False: keep them, ZeRO-2-like)",
+                                         strategies=FSDP, strict=True)
     # pipeline
     schedule: ScheduleName = option("1f1b", "pipeline schedule", strategies=PP)
     virtual_chunks: int = option(2, "model chunks per stage (v)", strategies=PP,
@@ -177,6 +203,11 @@ def check_options(opts: Options, dc_sizes: Sequence[int], dc_names: Sequence[str
             "+".join(str(n) for n in dc_sizes)
         raise OptionError("strategy", f"{opts.strategy} needs the same number of ranks in every DC ({info.equal_dcs}); "
                                       f"the DCs hold {sizes} ranks")
+    if opts.strategy == "ddp" and opts.comm_hook == "bf16":
+        raise OptionError("comm_hook", CANNOT_RUN["comm_hook=bf16"])
+    if opts.synthetic and opts.strategy in TORCH_NATIVE:
+        raise OptionError("synthetic", f"{opts.strategy} communicates from inside autograd's backward (PyTorch's own "
+                                       "hooks): synthetic compute has no backward to hook; use compute: real")
     if not opts.synthetic:
         for name in ("compute_ms", "device_tflops"):
             if getattr(opts, name) is not None:

@@ -74,6 +74,15 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
                                 "strategies[0].options.inner_steps", "never synchronise"),
     "swept_steps_leave_nothing_measured": (text("[flat-dp]", sweep="workload.steps: [4, 1]"),
                                            "workload.warmup_steps", "no measured step"),
+    "ddp_hook_that_needs_a_gpu": (text("[{name: d, strategy: ddp, options: {comm_hook: bf16}}]"),
+                                  "strategies[0].options.comm_hook", "bf16_compress_hook needs CUDA 11+ with NCCL"),
+    "powersgd_rank_without_powersgd": (text("[{name: d, strategy: ddp, options: {powersgd_rank: 2}}]"),
+                                       "strategies[0].options.powersgd_rank", "only used with comm_hook: powersgd"),
+    "pytorch_wrapper_with_synthetic_compute": (
+        text("[flat-dp, hsdp]", workload="{steps: 4, warmup_steps: 1, compute: synthetic, compute_ms: 50}"),
+        "workload.compute", "hsdp communicates from inside autograd's backward"),
+    "hsdp_on_unequal_dcs": (text("[flat-dp, hsdp]", topology=THREE_UNEQUAL),
+                            "strategies[1]", "its 2-D DeviceMesh (DCs x ranks per DC) must be rectangular"),
     "sweep_of_an_option_nobody_reads": (text("[flat-dp]", sweep="workload.chunks: [2, 4]"),
                                         "sweep.workload.chunks", "no strategy of this experiment uses chunks"),
 }

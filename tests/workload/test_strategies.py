@@ -51,6 +51,40 @@ def test_hierarchical_strategies_average_exactly_like_flat(tmp_path, num_dcs, no
     assert out["hier"][0]["records"][0]["bytes_inter"] == pytest.approx(flat_inter / nodes, rel=1e-3)
 
 
+def test_pytorch_ddp_fsdp_and_hsdp_average_exactly_like_flat(tmp_path):
+    """PyTorch's own wrappers on the same model and global batch: the same averaged gradients as flat-dp (DDP with
+    buckets small enough to make several and no_sync over micro-batches); HSDP moves exactly hier-dp's payload
+    across DCs (its shards' all-reduce over the replicate dim), DDP flat-dp's; DDP's fp16 hook halves it and
+    stays within fp16 rounding, PowerSGD's rank-1 factors send a fraction once it starts (step 2)."""
+    out = run(tmp_path, 2, 2, {
+        "flat": replace(BASE, strategy="flat-dp"),
+        "hier": replace(BASE, strategy="hier-dp"),
+        "ddp": replace(BASE, strategy="ddp", bucket_cap_mb=0.05),
+        "fsdp": replace(BASE, strategy="fsdp"),
+        "hsdp": replace(BASE, strategy="hsdp"),
+        "fp16": replace(BASE, strategy="ddp", comm_hook="fp16"),
+        "powersgd": replace(BASE, strategy="ddp", comm_hook="powersgd", steps=3),
+    })
+    inter = {name: out[name][0]["records"][0]["bytes_inter"] for name in out}
+    for rank in range(4):
+        flat = out["flat"][rank]["grads"]
+        scale = max(g.abs().max().item() for g in flat.values())
+        for other in ("ddp", "fsdp", "hsdp", "fp16"):
+            grads = out[other][rank]["grads"]
+            assert set(grads) == set(flat), other
+            for name, grad in flat.items():
+                tolerance = dict(atol=4 * scale / 1024, rtol=0) if other == "fp16" else dict(atol=1e-7, rtol=1e-5)
+                assert torch.allclose(grads[name], grad, **tolerance), (other, name)
+        for other in ("ddp", "fsdp", "hsdp"):
+            assert out[other][rank]["records"][0]["loss"] == pytest.approx(out["flat"][rank]["records"][0]["loss"])
+    assert inter["hsdp"] == inter["hier"] > 0  # a shard of 1/2 of the gradients, all-reduced across the DCs
+    assert out["hsdp"][0]["records"][0]["bytes_intra"] > 0  # all-gathers and reduce-scatters stay in the DC
+    assert inter["ddp"] == inter["flat"] and inter["fp16"] == inter["flat"] / 2
+    assert inter["fsdp"] > inter["flat"]  # weights all-gathered across DCs in forward and again in backward
+    psgd = steps(out["powersgd"][0]["records"], "bytes_inter")
+    assert psgd[:2] == [inter["flat"]] * 2 and 0 < psgd[2] < inter["flat"] / 10, psgd
+
+
 def test_compressed_inter_dc_step_stays_close(tmp_path):
     out = run(tmp_path, 2, 2, {name: replace(BASE, strategy="hier-dp", compression=name)
                                for name in ("none", "bf16", "int8")})

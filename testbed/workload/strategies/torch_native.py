@@ -1,0 +1,302 @@
+"""PyTorch's own data parallelism as strategies, on the same model, data and metrics as ours: the baselines
+users actually run.
+
+- ddp: DistributedDataParallel over all ranks: gradients in buckets (`bucket_cap_mb`), each bucket
+  all-reduced as soon as its gradients are final, overlapped with the rest of backward (DDP's reducer);
+  `no_sync()` for all but the last micro-batch. `comm_hook` swaps DDP's built-in all-reduce for one of its
+  own hooks: fp16_compress_hook, or powerSGD_hook (PowerSGDState with `powersgd_rank` as
+  matrix_approximation_rank and `powersgd_start_iter`).
+- fsdp: FSDP2 (`fully_shard`, each block, then the whole model) on a 1-D DeviceMesh of all ranks.
+- hsdp: FSDP2 on a 2-D DeviceMesh (DCs x ranks per DC; dim 0 replicates, dim 1 shards): weights are
+  all-gathered and gradients reduce-scattered inside the DC, and each rank's gradient shard is all-reduced
+  across DCs: PyTorch's form of hier-dp.
+
+FSDP1 (`FullyShardedDataParallel`, also with ShardingStrategy.HYBRID_SHARD) was tried: in torch 2.13 it
+refuses to run without an accelerator ("FSDP needs a non-CPU accelerator device"), so fsdp and hsdp are
+FSDP2. On CPU FSDP2 has no CUDA streams to overlap with: every all-gather, reduce-scatter and HSDP
+all-reduce blocks the training thread, so all its communication is exposed here.
+
+Metering, without changing what PyTorch does: DDP's bytes are its buckets (every gradient, once per step;
+the hooks' actual payloads: fp16 halves, PowerSGD's low-rank P and Q plus the tensors it leaves
+uncompressed, from its own counters); its exposed time is how long backward kept running after the last
+gradient was final (DDP waits for its buckets at the end of backward). FSDP2's collectives go through
+counting subclasses of its own comms (`set_custom_all_gather`, `set_custom_reduce_scatter`) and HSDP's
+all-reduce is seen by `set_all_reduce_hook`, which FSDP2 calls right after it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from testbed.workload.model import Block, loss_fn
+from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+
+
+class TorchNative(Strategy):
+    """Shared: the same initial model, a wrapper from PyTorch, gradient accumulation over micro-batches."""
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self.model = build_model(ctx)
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self.wrapped = self.wrap(self.model)
+        self.optimizer = make_optimizer(list(self.wrapped.parameters()), ctx.opts)
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def accumulating(self, last: bool):
+        """Context for one micro-batch's forward and backward: gradient sync only on the last."""
+        return nullcontext()
+
+    def exposed(self) -> float:
+        """Seconds of this step the training thread spent waiting on communication."""
+        return 0.0
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.begin_step()
+        total = 0.0
+        start = time.perf_counter()
+        for number, (x, y) in enumerate(micro_batches):
+            with self.accumulating(number == len(micro_batches) - 1):
+                loss = loss_fn(self.wrapped(x), y) / len(micro_batches)
+                loss.backward()
+            total += loss.item()
+        self.ctx.synchronize()
+        exposed = self.exposed()
+        self.ctx.meter.add("compute_s", time.perf_counter() - start - exposed)
+        self.ctx.meter.add("exposed_s", exposed)
+        self.optimizer.step()
+        return {"loss": total, **self.step_fields()}
+
+    def begin_step(self) -> None:
+        pass
+
+    def step_fields(self) -> dict:
+        return {}
+
+    def named_gradients(self) -> dict[str, torch.Tensor]:
+        return {name: _full(p.grad).detach().clone() for name, p in zip(self.names, self.model.parameters())}
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {name: _full(p).detach().clone() for name, p in zip(self.names, self.model.parameters())}
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective over its mesh), a plain tensor as it is."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if full is not None else tensor
+
+
+class DDP(TorchNative):
+    name = "ddp"
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ctx = self.ctx
+        device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=ctx.opts.bucket_cap_mb)
+        self.world = list(range(ctx.layout.world))
+        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.hook = None
+        if ctx.opts.comm_hook != "none":
+            self.hook = MeteredHook(ctx, ctx.opts)
+            ddp.register_comm_hook(self.hook.state, self.hook.run)
+        self._syncing = False
+        self._last_ready = 0.0
+        for param in model.parameters():
+            param.register_post_accumulate_grad_hook(self._grad_ready)
+        return ddp
+
+    def _grad_ready(self, param: torch.nn.Parameter) -> None:
+        if self._syncing:
+            self._last_ready = time.perf_counter()
+
+    def accumulating(self, last: bool):
+        self._syncing = last
+        return _backward_end(self) if last else self.wrapped.no_sync()
+
+    def begin_step(self) -> None:
+        self._backward_end = self._last_ready = 0.0
+        if self.hook is not None:
+            self.hook.begin_step()
+
+    def exposed(self) -> float:
+        return max(0.0, self._backward_end - self._last_ready) if self._last_ready else 0.0
+
+    def step_fields(self) -> dict:
+        if self.hook is None:
+            # DDP's built-in reducer all-reduces every bucket once per step; its in-flight time is not observable
+            # without replacing it by a Python hook, so comm_s is left unknown rather than guessed
+            self.ctx.meter.traffic("all_reduce", self.grad_bytes, self.world)
+            return {"comm_s": None}
+        return {}
+
+
+class _backward_end:
+    """Records when the last micro-batch's backward (DDP's wait for its buckets included) returned."""
+
+    def __init__(self, strategy: DDP) -> None:
+        self.strategy = strategy
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        self.strategy._backward_end = time.perf_counter()
+
+
+class MeteredHook:
+    """One of DDP's own comm hooks, with its payload and in-flight time counted in the step's Meter."""
+
+    def __init__(self, ctx: Context, opts) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        self.ctx = ctx
+        self.world = list(range(ctx.layout.world))
+        self.kind = opts.comm_hook
+        if self.kind == "fp16":
+            self.state, self.inner = None, default_hooks.fp16_compress_hook
+        elif self.kind == "powersgd":
+            self.state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=opts.powersgd_rank,
+                                                     start_powerSGD_iter=opts.powersgd_start_iter)
+            self.inner = powerSGD_hook.powerSGD_hook
+        else:
+            raise ValueError(f"comm_hook {self.kind!r} cannot run here")
+        self.compressed = False
+
+    def begin_step(self) -> None:
+        self.compressed = False
+
+    def run(self, state, bucket):  # a method, not __call__, and no annotations: DDP checks both; annotations would be strings here
+        started = time.perf_counter()
+        buffer = bucket.buffer()
+        if self.kind == "fp16":
+            nbytes = buffer.numel() * 2
+        else:  # PowerSGD: plain all-reduce before start_powerSGD_iter, then what its own counters say it sent
+            plain = state.iter < state.start_powerSGD_iter
+            before = state.total_numel_after_compression
+        future = self.inner(state, bucket)
+        if self.kind == "powersgd":
+            nbytes = buffer.numel() * buffer.element_size() if plain else \
+                (state.total_numel_after_compression - before) * buffer.element_size()
+            self.compressed = self.compressed or not plain
+        self.ctx.meter.traffic("all_reduce", nbytes, self.world)
+        meter = self.ctx.meter
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            meter.add("comm_s", time.perf_counter() - started)
+            return fut.value()
+
+        return future.then(done)
+
+
+class FSDP(TorchNative):
+    name = "fsdp"
+
+    def mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.ctx.device.type, (self.ctx.layout.world,), mesh_dim_names=("shard",))
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.mesh()
+        self.comms = FSDPComms(self.ctx, mesh)
+        units = []
+        for module in model.modules():
+            if isinstance(module, Block):
+                units.append(fully_shard(module, mesh=mesh, reshard_after_forward=self.ctx.opts.reshard_after_forward))
+        units.append(fully_shard(model, mesh=mesh))
+        for unit in units:
+            self.comms.attach(unit)
+        return model
+
+    def accumulating(self, last: bool):
+        self.wrapped.set_requires_gradient_sync(last)
+        return nullcontext()
+
+    def begin_step(self) -> None:
+        self.comms.blocked = 0.0
+
+    def exposed(self) -> float:
+        return self.comms.blocked
+
+
+class HSDP(FSDP):
+    name = "hsdp"
+
+    def mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        layout = self.ctx.layout
+        return init_device_mesh(self.ctx.device.type, (layout.num_dcs, layout.dc_size),
+                                mesh_dim_names=("replicate", "shard"))
+
+
+class FSDPComms:
+    """FSDP2's default collectives, counted: payload by group in the Meter, and the time the training thread
+    spent in them (on CPU every one blocks it)."""
+
+    def __init__(self, ctx: Context, mesh) -> None:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+        self.ctx = ctx
+        self.blocked = 0.0
+        self._mark = time.perf_counter()
+        self.replicate = dist.get_process_group_ranks(mesh.get_group("replicate")) \
+            if mesh.mesh_dim_names and "replicate" in mesh.mesh_dim_names else None
+        comms = self
+
+        class CountedAllGather(DefaultAllGather):
+            def __call__(self, output_tensor, input_tensor, group, async_op=False):
+                return comms.timed("all_gather", input_tensor, group,
+                                   lambda: super(CountedAllGather, self).__call__(output_tensor, input_tensor, group,
+                                                                                  async_op))
+
+        class CountedReduceScatter(DefaultReduceScatter):
+            def allocate(self, size, *, dtype, device):
+                comms._mark = time.perf_counter()  # FSDP2 allocates right before reducing (also with 1 rank)
+                return super().allocate(size, dtype=dtype, device=device)
+
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+                return comms.timed("reduce_scatter", input_tensor, group,
+                                   lambda: super(CountedReduceScatter, self).__call__(output_tensor, input_tensor,
+                                                                                      group, op, async_op))
+
+        assert issubclass(CountedAllGather, AllGather) and issubclass(CountedReduceScatter, ReduceScatter)
+        self.all_gather, self.reduce_scatter = CountedAllGather(), CountedReduceScatter()
+
+    def attach(self, unit) -> None:
+        unit.set_custom_all_gather(self.all_gather)
+        unit.set_custom_reduce_scatter(self.reduce_scatter)
+        if self.replicate is not None:
+            unit.set_all_reduce_hook(self.all_reduced)
+
+    def timed(self, kind: str, tensor: torch.Tensor, group, call):
+        self.ctx.meter.traffic(kind, tensor.numel() * tensor.element_size(), dist.get_process_group_ranks(group))
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self._mark = time.perf_counter()
+            self._blocked(self._mark - start)
+
+    def all_reduced(self, output: torch.Tensor) -> None:
+        """FSDP2 calls this right after HSDP's all-reduce of `output` across the replicas (the DCs)."""
+        self.ctx.meter.traffic("all_reduce", output.numel() * output.element_size(), self.replicate)
+        now = time.perf_counter()
+        self._blocked(now - self._mark)
+        self._mark = now
+
+    def _blocked(self, seconds: float) -> None:
+        self.blocked += seconds
+        self.ctx.meter.add("comm_s", seconds)
