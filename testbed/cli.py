@@ -372,6 +372,10 @@ def run(ctx: typer.Context,
                                                 help="Bring your own workload: run the command after -- on every rank."),
         ranks_per_node: int = typer.Option(1, "--ranks-per-node"),
         timeout: float = typer.Option(3600, "--timeout", help="With --topology: seconds before the run is stopped."),
+        baseline: bool = typer.Option(False, "--baseline", help="With --topology: first run the command with every "
+                                      "inter-DC link unshaped, for efficiency (steps reported by testbed.steplog)."),
+        warmup_steps: int = typer.Option(2, "--warmup-steps", min=0, help="With --topology: reported steps left out "
+                                         "of the figures."),
         shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
         backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
         known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
@@ -393,7 +397,7 @@ def run(ctx: typer.Context,
                 _fail("--topology needs a command after --, e.g. testbed run --topology T -- python train.py")
             run_dir = _guard(lambda: run_command(topology, command, out_dir, prefix=prefix, shaper=shaper,
                                                  ranks_per_node=ranks_per_node, timeout=timeout, progress=progress,
-                                                 backend=chosen_backend))
+                                                 backend=chosen_backend, baseline=baseline, warmup_steps=warmup_steps))
         else:
             if experiment is None:
                 _fail("give an experiment file, or --topology T -- COMMAND")

@@ -70,6 +70,21 @@ def worst_lateness(result: dict) -> dict:
             "delay_late_flag": any(value["late"] for value in links.values())}
 
 
+STEP_REQUIRED = ("step", "wall_s", "tokens")  # what a step line must carry (testbed.steplog documents the format)
+STEP_OPTIONAL = (("wire", "wire_inter"), ("payload", "bytes_inter"))  # summed per step when a script reports them
+
+
+def _mean_share(measured: pd.DataFrame) -> float | None:
+    """Mean over ranks and steps of exposed communication / step time; None when the steps do not say."""
+    if "exposed_s" not in measured or measured["exposed_s"].isna().all():
+        return None
+    return float((measured["exposed_s"] / measured["wall_s"]).mean())
+
+
+def _mean_gb(per_step: pd.DataFrame, name: str) -> float | None:
+    return float(per_step[name].mean()) / 1e9 if name in per_step else None
+
+
 def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """One row per cell with the derived figures (see module docstring)."""
     sweep_keys = _sweep_columns(results)
@@ -87,20 +102,22 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
             row[f"bytes[{key}]"] = value["tx_bytes"]
         row.update(worst_lateness(result))
         mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps
-        if result["status"] == "ok" and not mine.empty:
+        mine = mine.dropna(subset=[c for c in STEP_REQUIRED if c in mine]) if not mine.empty else mine
+        if result["status"] == "ok" and not mine.empty and all(c in mine for c in STEP_REQUIRED):
             total_steps = int(mine["step"].max()) + 1
             measured = mine[mine["step"] >= warmup]
             per_step = measured.groupby("step").agg(wall=("wall_s", "max"), tokens=("tokens", "sum"),
-                                                    wire=("wire_inter", "sum"), payload=("bytes_inter", "sum"))
+                                                    **{name: (column, "sum") for name, column in STEP_OPTIONAL
+                                                       if column in measured and measured[column].notna().any()})
             row.update({
                 "steps": total_steps, "measured_s": float(per_step["wall"].sum()),
                 "step_s_median": float(per_step["wall"].median()), "step_s_p90": float(per_step["wall"].quantile(0.9)),
                 "step_s_mean": float(per_step["wall"].mean()),
                 "tokens_per_s": float(per_step["tokens"].sum() / per_step["wall"].sum()),
-                "exposed_comm_share": float((measured["exposed_s"] / measured["wall_s"]).mean()),
+                "exposed_comm_share": _mean_share(measured),
                 "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
-                "workload_wire_inter_gb_per_step": float(per_step["wire"].mean()) / 1e9,
-                "workload_payload_inter_gb_per_step": float(per_step["payload"].mean()) / 1e9,
+                "workload_wire_inter_gb_per_step": _mean_gb(per_step, "wire"),
+                "workload_payload_inter_gb_per_step": _mean_gb(per_step, "payload"),
             })
             if "pipeline_s" in measured and measured["pipeline_s"].notna().any():
                 pp = measured.dropna(subset=["pipeline_s"])
@@ -150,6 +167,7 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
                            "bubble_ratio", "inter_dc_gb_per_step", "workload_wire_inter_gb_per_step",
                            "workload_payload_inter_gb_per_step", "final_loss") if c in summary]
     ok = summary[summary["status"] == "ok"].copy()
+    ok[numeric] = ok[numeric].apply(pd.to_numeric, errors="coerce")  # a figure no cell reported is all None
     for key in keys:
         ok[key] = ok[key].astype(str)
     grouped = ok.groupby(keys, sort=False)[numeric].median().reset_index()

@@ -157,7 +157,8 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
         for _, row in low.iterrows():
             cost = (f"pipeline bubble {row['bubble_ratio']:.0%} of the pipeline time"
                     if "bubble_ratio" in row and pd.notna(row["bubble_ratio"])
-                    else f"exposed communication {row['exposed_comm_share']:.0%} of the step")
+                    else f"exposed communication {row['exposed_comm_share']:.0%} of the step"
+                    if pd.notna(row.get("exposed_comm_share")) else "its steps do not report exposed communication")
             lines.append(f"{row['strategy']} falls below {EFFICIENCY_FLOOR:.0%} of the best single-site throughput"
                          f"{' at ' + _at(row, keys) if keys else ''}: {row['efficiency_vs_single_site']:.0%} ({cost}).")
     lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
@@ -207,7 +208,8 @@ def build_report(run_dir: Path) -> Path:
         for row in result.get("calibration", []):
             calibration.append({"cell": result["cell"]["id"], **row})
     cal = pd.DataFrame(calibration)
-    table_cols = [c for c in ("strategy", *[c for c in agg.columns if c.startswith(("links[", "workload."))],
+    swept = [c for c in agg.columns if c.startswith(("links[", "workload."))]
+    table_cols = [c for c in ("strategy", *(swept or ["baseline"]),
                               "tokens_per_s", "step_s_median", "step_s_p90", "efficiency_vs_single_site",
                               "scaling_efficiency", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step",
                               "workload_payload_inter_gb_per_step", "final_loss", "repetitions") if c in agg.columns]

@@ -235,29 +235,34 @@ def finish_run(run_dir: Path) -> Path:
 
 def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
                 ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None,
-                backend: Backend = Backend()) -> Path:
+                backend: Backend = Backend(), baseline: bool = False, warmup_steps: int = 2) -> Path:
     """Bring your own workload: run `command` as every rank across the emulated DCs, with the same env,
-    logs, counters and manifest as an experiment (one cell named `command`)."""
+    logs, counters and manifest as an experiment (one cell named `command`; with `baseline`, first a cell
+    `command__baseline` with every inter-DC link unshaped). Steps the command reports (testbed.steplog) get
+    the built-in workload's figures, the first `warmup_steps` left out."""
+    from testbed.runner.cells import UNSHAPED, base_links
     from testbed.spec.topology import load_topology
 
     topology = load_topology(topology_path)
     experiment = Experiment(name=f"command-{topology.name}", topology=str(topology_path),
-                            strategies=[{"name": "flat-dp"}], baseline="none", calibrate="rtt",
-                            cell_timeout=timeout, description=f"user command: {' '.join(command)}")
-    from testbed.runner.cells import base_links
-
+                            strategies=[{"name": "flat-dp"}], baseline="auto" if baseline else "none",
+                            calibrate="rtt", cell_timeout=timeout, description=f"user command: {' '.join(command)}")
     links = {k: dataclasses.asdict(v) for k, v in base_links(topology).items()}
-    cell = Cell("command", "command", {"steps": 0}, links)
+    cells = [Cell("command", "command", {"steps": 0}, links)]
+    if baseline:
+        unshaped = {key: dataclasses.asdict(UNSHAPED) for key in links}
+        cells.insert(0, Cell("command__baseline", "command", {"steps": 0}, unshaped, baseline=True))
     run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
     with fabric(topology, topology_path, prefix, shaper, backend) as testbed:
         atomic_write(run_dir / "manifest.json", json.dumps(
-            manifest(experiment, None, testbed, {"command": command}), indent=1))
+            manifest(experiment, None, testbed, {"command": command, "warmup_steps": warmup_steps}), indent=1))
         if progress:
-            progress.start(1, 0, run_dir)
-            progress.cell(cell)
-        result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
-        if progress:
-            progress.done(cell, result)
+            progress.start(len(cells), 0, run_dir)
+        for cell in cells:
+            cancel.check()
+            if progress:
+                progress.cell(cell)
+            result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
+            if progress:
+                progress.done(cell, result)
     return finish_run(run_dir)
-
-

@@ -212,6 +212,32 @@ def test_bring_your_own_torchrun_script(prefix, tmp_path):
     assert namespaces_with(prefix) == []
 
 
+def test_bring_your_own_ddp_script_reports_its_steps(prefix, tmp_path):
+    """examples/ddp.py (PyTorch DDP, steps reported with testbed.steplog) under `--baseline`: the command runs
+    on unshaped links, then on the shaped one, and summary.csv has its tokens/s and efficiency."""
+    topology = tmp_path / "pair.yaml"
+    topology.write_text("\n".join(line[2:] for line in TOPOLOGY.splitlines()) + "\n")
+    proc = run_cli("run", "--topology", str(topology), "--baseline", "--warmup-steps", "1", "--out",
+                   str(tmp_path / "out"), "--", sys.executable, str(ROOT / "examples" / "ddp.py"), "--steps", "4",
+                   "--d-model", "64", "--layers", "1", "--batch", "2", "--seq-len", "32", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = next((tmp_path / "out").glob("command-pair/*"))
+    rows = {r["cell"]: r for r in csv.DictReader(open(run_dir / "summary.csv"))}
+    assert set(rows) == {"command__baseline", "command"} and rows["command__baseline"]["baseline"] == "True"
+    for row in rows.values():
+        assert row["status"] == "ok" and int(row["steps"]) == 4 and float(row["tokens_per_s"]) > 0
+        assert float(row["final_loss"]) > 0 and float(row["inter_dc_bytes_kernel"]) > 0
+    shaped, unshaped = float(rows["command"]["tokens_per_s"]), float(rows["command__baseline"]["tokens_per_s"])
+    assert float(rows["command"]["efficiency_vs_single_site"]) == pytest.approx(shaped / unshaped)
+    assert float(rows["command__baseline"]["efficiency_vs_single_site"]) == pytest.approx(1.0)
+    steps = list(csv.DictReader(open(run_dir / "steps.csv")))
+    assert sorted((r["cell"], r["rank"], r["step"]) for r in steps) == sorted(
+        (cell, str(rank), str(step)) for cell in rows for rank in range(2) for step in range(4))
+    assert all(float(r["tokens"]) == 64 for r in steps)  # 2 samples of 32 tokens per rank and step
+    assert "fastest is **command**" in (run_dir / "report.md").read_text()
+    assert namespaces_with(prefix) == []
+
+
 def test_several_ranks_per_node(prefix, tmp_path):
     path = experiment(tmp_path, strategies="[hier-dp]", sweep="[1ms]", baseline="none")
     path.write_text(path.read_text().replace("micro_batches: 1}", "micro_batches: 1, ranks_per_node: 2}"))
