@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed import units
+from testbed.spec import units
 from testbed.fabric import delayline
 from testbed.fabric.control import bring_up, tear_down
 from testbed.fabric.delayline import lateness_delta, lateness_summary

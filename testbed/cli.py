@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from testbed import units
+from testbed.spec import units
 from testbed.fabric import cancel
 from testbed.fabric.base import FabricError
 from testbed.plan.network import DEFAULT_PREFIX, NetworkPlan, build_plan, direction_key

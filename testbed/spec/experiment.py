@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from testbed import units
+from testbed.spec import units
 from testbed.spec.errors import SpecError
 from testbed.spec.loader import load_yaml, validate_data
 from testbed.spec.strategies import OPTIONS, STRATEGIES, OptionError, Options, check_option, check_options, problem_of

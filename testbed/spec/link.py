@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from testbed import units
+from testbed.spec import units
 
 
 @dataclass(frozen=True)
