@@ -39,7 +39,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def prefix(state_dir: Path, monkeypatch: pytest.MonkeyPatch):
     """A unique `tb-xxxx-` prefix; everything with it is removed after the test, pass or fail."""
-    from testbed.fabric.control import tear_down
+    from testbed.fabric.lifecycle import tear_down
 
     value = f"tb-{uuid.uuid4().hex[:4]}-"
     monkeypatch.setenv("TESTBED_PREFIX", value)
@@ -57,6 +57,6 @@ def run_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess
 
 
 def namespaces_with(prefix: str) -> list[str]:
-    from testbed.fabric.netns import list_namespaces
+    from testbed.fabric.netns.namespaces import list_namespaces
 
     return list_namespaces(prefix)

@@ -35,7 +35,7 @@ class Addressing:
 
 
 
-def allocate(topology: "Topology") -> Addressing:
+def allocate(topology: Topology) -> Addressing:
     """DC i gets the i-th LAN block (gateway .1, nodes from .2); links get /31s in the blocks after them."""
     subnet = ipaddress.IPv4Network(topology.subnet)
     max_nodes = max(dc.nodes for dc in topology.dcs)

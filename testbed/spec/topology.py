@@ -52,7 +52,7 @@ class LinkSpec(_LinkFields):
     reverse: ReverseOverrides | None = None
 
     @model_validator(mode="after")
-    def _one_delay_source(self) -> "LinkSpec":
+    def _one_delay_source(self) -> LinkSpec:
         self._check_latency_or_distance()
         if self.reverse is not None:
             self.reverse._check_latency_or_distance()
@@ -90,7 +90,7 @@ class Topology(BaseModel):
         return str(network)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Topology":
+    def _consistent(self) -> Topology:
         names = [dc.name for dc in self.dcs]
         for index, name in enumerate(names):
             if name in names[:index]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.fabric.control import Testbed
+from testbed.fabric.lifecycle import Testbed
 
 SSHD = "/usr/sbin/sshd"
 
@@ -46,7 +46,7 @@ class Hosts:
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-            raise AssertionError(f"testbed {' '.join(args)} timed out:\n{out}\n{err}")
+            raise AssertionError(f"testbed {' '.join(args)} timed out:\n{out}\n{err}") from None
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def stop(self) -> None:

@@ -16,18 +16,17 @@ from pyroute2.netlink.nlsocket import NetlinkRequest
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from testbed.fabric.base import FabricError
-from testbed.fabric.tc import add_tree, change_tree, tc_request
+from testbed.agents.kernel import KernelLacks
+from testbed.agents.tc import add_tree, change_tree, tc_request
 from testbed.plan.shaping import NETEM_RATE_MAX, ROOT, plan_shaping, tc_handle
 from testbed.spec.link import LinkParams
-
 
 
 class _Socket:
     """What NetlinkRequest reads of a socket to build a message."""
 
     addr_pool = AddrPool(minaddr=1, maxaddr=1000)
-    status = {"nlm_echo": False}
+    status = {"nlm_echo": False}  # noqa: RUF012 (what pyroute2 reads, never written)
     epid = 1
     marshal = None
 
@@ -123,7 +122,7 @@ def test_change_keeps_a_tree_of_the_same_shape_and_rebuilds_another():
 
 def test_a_qdisc_the_kernel_lacks_is_one_line_naming_it():
     shaping = plan_shaping(LinkParams(latency=0.01, bandwidth=1e9), "netem")
-    with pytest.raises(FabricError, match=r"^this kernel lacks sch_netem: tc qdisc add netem on tb-x-gw/to-y failed"):
+    with pytest.raises(KernelLacks, match=r"^this kernel lacks sch_netem: tc qdisc add netem on tb-x-gw/to-y failed"):
         add_tree(FakeHandle(fail_kind="netem"), 3, shaping, where="tb-x-gw/to-y")
     with pytest.raises(NetlinkError):  # anything but a missing feature stays what it is
         add_tree(FakeHandle(fail_kind="htb", error=errno.EINVAL), 3, shaping)
