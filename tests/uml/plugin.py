@@ -89,7 +89,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     stop = time.time()
     for when in ("setup", "call", "teardown"):
         failed_here = when == "call" and status == "failed"
-        report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords},
+        report = pytest.TestReport(item.nodeid, item.location, dict.fromkeys(item.keywords, 1),
                                    "failed" if failed_here else "passed", longrepr if failed_here else None, when,
                                    duration=(stop - start) if when == "call" else 0.0, start=start, stop=stop)
         item.ihook.pytest_runtest_logreport(report=report)
