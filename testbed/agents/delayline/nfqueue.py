@@ -79,16 +79,12 @@ class QueueSocket:
         self._seq += 1
         self.sock.send(_message(msg_type, queue, attrs, NLM_F_REQUEST | NLM_F_ACK, self._seq))
         while True:
-            data = self.sock.recv(65536)
-            offset = 0
-            while offset + _NLMSGHDR.size <= len(data):
-                length, kind, _, seq, _ = _NLMSGHDR.unpack_from(data, offset)
-                if kind == NLMSG_ERROR and seq == self._seq:
-                    (code,) = struct.unpack_from("=i", data, offset + _NLMSGHDR.size)
-                    if code != 0:
-                        raise OSError(-code, f"nfqueue config of queue {queue}: {os.strerror(-code)}")
-                    return
-                offset += (length + 3) & ~3
+            code = ack_code(self.sock.recv(65536), self._seq)
+            if code is None:
+                continue
+            if code != 0:
+                raise OSError(-code, f"nfqueue config of queue {queue}: {os.strerror(-code)}")
+            return
 
     def bind(self, queue: int, maxlen: int, gso: bool) -> None:
         """Bind `queue` in metadata-only mode; GSO units stay whole unless `gso` is off (per-packet loss)."""
@@ -108,15 +104,7 @@ class QueueSocket:
                 size = self.sock.recv_into(self._buf, len(self._buf), socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return packets
-            view = self._buf
-            offset = 0
-            while offset + _NLMSGHDR.size <= size:
-                length, kind, _, _, _ = _NLMSGHDR.unpack_from(view, offset)
-                if length < _NLMSGHDR.size:
-                    break
-                if kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
-                    packets.append(_parse_packet(view, offset, length))
-                offset += (length + 3) & ~3
+            packets += parse_packets(self._buf, size)
             if len(packets) > 4096:
                 return packets
 
@@ -130,7 +118,37 @@ class QueueSocket:
                                                                       struct.pack("!II", NF_ACCEPT, packet_id))))
 
 
-def _parse_packet(view: bytearray, offset: int, length: int) -> Packet:
+def parse_packets(data: bytes | bytearray, size: int | None = None) -> list[Packet]:
+    """The queued packets' metadata in the first `size` bytes of what one recv() returned (several netlink
+    messages; anything but a queued packet is skipped), in arrival order."""
+    size = len(data) if size is None else size
+    packets = []
+    offset = 0
+    while offset + _NLMSGHDR.size <= size:
+        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size or offset + length > size:
+            break  # a truncated message: nothing more can be read safely
+        if kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
+            packets.append(_parse_packet(data, offset, length))
+        offset += (length + 3) & ~3
+    return packets
+
+
+def ack_code(data: bytes | bytearray, seq: int) -> int | None:
+    """The kernel's answer to request `seq` in a recv()'s bytes: 0 (done) or -errno; None if it is not there."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _, got, _ = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            return None
+        if kind == NLMSG_ERROR and got == seq:
+            (code,) = struct.unpack_from("=i", data, offset + _NLMSGHDR.size)
+            return code
+        offset += (length + 3) & ~3
+    return None
+
+
+def _parse_packet(view: bytes | bytearray, offset: int, length: int) -> Packet:
     (queue,) = struct.unpack_from("!H", view, offset + _NLMSGHDR.size + 2)
     pos = offset + _NLMSGHDR.size + _NFGENMSG.size
     end = offset + length

@@ -53,6 +53,7 @@ LIVE_CODE = "/opt/testbed-live"  # where `up` puts the controller's sources in e
 WORKDIR = "/tmp/testbed"
 READY_TIMEOUT_S = 60.0
 HEALTH_CACHE_S = 2.0
+SETTLE_AFTER_FAILURE_S = 2.0  # an interrupted request may still be carried out by the engine: keep looking
 
 
 class DockerFabric(Fabric):
@@ -82,7 +83,7 @@ class DockerFabric(Fabric):
             self._create(plan)
             self._ready(plan)
         except BaseException as error:
-            self.down(settle=2.0)
+            self.down(settle=SETTLE_AFTER_FAILURE_S)
             if type(error).__module__.startswith(("docker", "requests")):
                 raise FabricError(f"docker: {error}") from None
             raise
