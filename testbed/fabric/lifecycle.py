@@ -96,11 +96,10 @@ class Testbed:
 
 
 def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
-             on_progress: Progress | None = None, backend: str | BackendOptions | Backend = registry.DEFAULT
-             ) -> Testbed:
+             on_progress: Progress | None = None, backend: str | Backend = registry.DEFAULT) -> Testbed:
     """Clean any stale testbed with this prefix, then build `topology`. Nothing is left behind on failure.
-    `backend`: a registered name, a backend's options (its Options) or a Backend."""
-    chosen = _backend(backend)
+    `backend`: a registered name (with its default options) or a Backend (make_backend)."""
+    chosen = backend if isinstance(backend, Backend) else registry.get(backend)()
     source = topology_file or topology.name
     plan_of(chosen, topology, shaper, prefix, source)  # pure: fails before anything is probed or created
     resolved = chosen.resolve_shaper(shaper, topology, on_progress)
@@ -121,17 +120,6 @@ def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_
         raise
     assert fabric.plan is not None
     return Testbed(topology, fabric.plan, fabric, state)
-
-
-def _backend(backend: str | BackendOptions | Backend) -> Backend:
-    if isinstance(backend, Backend):
-        return backend
-    if isinstance(backend, str):
-        return registry.get(backend)()
-    for candidate in registry.backends():
-        if type(backend) is candidate.Options:
-            return candidate(backend)
-    raise FabricError(f"no registered backend takes {type(backend).__name__}")
 
 
 def plan_of(backend: Backend, topology: Topology, shaper: str, prefix: str, source: str | Path,
