@@ -46,9 +46,17 @@ class DelayLineStatus:
         write_text(path, json.dumps(asdict(self)))
 
     @classmethod
-    def read(cls, path: Path) -> DelayLineStatus | None:
-        """None while the supervisor has not written one (or the file is torn: it is written atomically)."""
+    def parse(cls, text: str) -> DelayLineStatus | None:
+        """None for no status yet (an empty or foreign file)."""
         try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            return cls(**json.loads(text))
+        except (ValueError, TypeError):
+            return None
+
+    @classmethod
+    def read(cls, path: Path) -> DelayLineStatus | None:
+        """None while the supervisor has not written one (it is written atomically: never torn)."""
+        try:
+            return cls.parse(path.read_text())
+        except OSError:
             return None

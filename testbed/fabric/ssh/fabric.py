@@ -226,11 +226,7 @@ class SshFabric(Fabric):
             return ""
 
     def _delay_status(self, item: HostPlan) -> DelayLineStatus | None:
-        text = self._read(item, str(self._delay_files(item).status))
-        try:
-            return DelayLineStatus(**json.loads(text)) if text else None
-        except (ValueError, TypeError):
-            return None
+        return DelayLineStatus.parse(self._read(item, str(self._delay_files(item).status)))
 
     def _supervisor_pid(self, item: HostPlan) -> int | None:
         """The delay-line supervisor started on this host, as recorded in the state."""
