@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import uuid
-
 from pathlib import Path
 
 import pandas as pd

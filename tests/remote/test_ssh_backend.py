@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.fabric.control import bring_up
-from testbed.fabric.nsexec import argv_in
+from testbed.agents.bootstrap import argv_in
+from testbed.fabric.lifecycle import bring_up
 from testbed.runner.cells import plan_cells
 from testbed.spec.experiment import load_experiment
 from testbed.spec.topology import topology_from_data

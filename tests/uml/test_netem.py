@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.fabric.control import attach
-from testbed.probe.measure import _Server, _run_agent
+from testbed.fabric.lifecycle import attach
+from testbed.runner.probe import _run_agent, _Server
 
 from ..conftest import ROOT, namespaces_with, run_cli
 
@@ -88,7 +88,7 @@ class Lab:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """The 3-DC topology brought up once for the module with `--shaper auto` (bring-ups are slow in UML)."""
-    from testbed.fabric.control import tear_down
+    from testbed.fabric.lifecycle import tear_down
 
     base = tmp_path_factory.mktemp("three-dc")
     (base / "three.yaml").write_text(THREE_DC)
@@ -238,7 +238,7 @@ def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_pat
     """The router agent's code in a namespace standing in for a container (no dockerd needed)."""
     from pyroute2 import NetNS, netns
 
-    from testbed.fabric import nsexec
+    from testbed.agents.bootstrap import argv_in
     from testbed.plan.containers import ROUTER_ENV, ROUTER_READY, build_containers_plan
     from testbed.spec.topology import topology_from_data
 
@@ -261,7 +261,7 @@ def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_pat
                 handle.link("set", index=link, state="up")
                 handle.link("set", index=handle.link_lookup(ifname=f"peer{index}")[0], state="up")
         env = {**os.environ, ROUTER_ENV: json.dumps(config), "TESTBED_STATE_DIR": str(tmp_path / "router-state")}
-        proc = subprocess.Popen(nsexec.argv_in(ns, [sys.executable, "-m", "testbed.fabric.router", "serve"]), env=env,
+        proc = subprocess.Popen(argv_in(ns, [sys.executable, "-m", "testbed.agents.router", "serve"]), env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 120
         while not os.path.exists(ROUTER_READY):
@@ -274,7 +274,7 @@ def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_pat
         assert "rate 300Mbit" in tc(ns, "class", "show", "dev", "to-west")
 
         def router(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(nsexec.argv_in(ns, [sys.executable, "-m", "testbed.fabric.router", *args]),
+            return subprocess.run(argv_in(ns, [sys.executable, "-m", "testbed.agents.router", *args]),
                                   env=env, capture_output=True, text=True, timeout=120)
 
         changed = router("shape", "east->west", json.dumps({"latency": 0.012, "bandwidth": 1e8, "jitter": 0.0,
