@@ -9,7 +9,7 @@ command on unshaped links, beside the kernel's count of the bytes that crossed D
 `torchrun --standalone --nproc-per-node 4 examples/ddp.py`.
 
 The model: a small causal transformer (torch.nn.TransformerEncoderLayer) on the English documentation that
-ships with CPython (pydoc_data), byte tokens; 4.46 M parameters with the defaults.
+ships with CPython (pydoc_data), byte tokens; 4.11 M parameters with the defaults.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class StepLog:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "StepLog":
+    def __enter__(self) -> StepLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

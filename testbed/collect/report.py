@@ -28,11 +28,6 @@ def _primary(agg: pd.DataFrame) -> str | None:
     return keys[0] if keys else None
 
 
-def _order(values: list[str], manifest: dict) -> list[str]:
-    """Sweep values in the order the experiment file lists them (baseline first)."""
-    return sorted(values, key=lambda v: (v != "baseline", values.index(v)))
-
-
 def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[str, str]]:
     plt = _plt()
     out = run_dir / "plots"

@@ -1,6 +1,6 @@
 import pytest
 
-from testbed import units
+from testbed.spec import units
 
 
 @pytest.mark.parametrize("text,seconds", [("10ms", 0.01), ("5us", 5e-6), ("1.5s", 1.5), ("0", 0.0), (2, 2.0),

@@ -33,8 +33,7 @@ from torch import nn
 from testbed.spec.strategies import SCHEDULES
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
-from testbed.workload.strategies.base import (Context, MicroBatch, Strategy, average_in_dc, build_model,
-                                              make_optimizer)
+from testbed.workload.strategies.base import Context, MicroBatch, Strategy, average_in_dc, build_model, make_optimizer
 
 Op = tuple[str, int, int]  # ("F" | "B", virtual chunk index on this stage, micro-batch)
 
