@@ -16,6 +16,13 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.0
 
+    def parameters(self, seq_len: int | None = None) -> int:
+        """The built-in GPT's parameter count (embeddings, blocks, head; tests hold it to the torch model's)."""
+        d, r = self.d_model, self.mlp_ratio
+        embed = (self.vocab + (seq_len or self.seq_len)) * d
+        block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (r * d * d + r * d) + (r * d * d + d)
+        return embed + self.n_layers * block + 2 * d + d * self.vocab
+
     @property
     def modules(self) -> int:
         """What a pipeline can cut: the embedding, every block, the head."""

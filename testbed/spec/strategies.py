@@ -5,6 +5,7 @@ it. Pure data and pydantic; no torch."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -52,6 +53,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
 CANNOT_RUN = {
     "comm_hook=bf16": "DDP's bf16_compress_hook needs CUDA 11+ with NCCL 2.10+: on CPU with gloo torch 2.13 raises "
                       "TypeError when the hook is registered (use comm_hook: fp16)",
+    "comm_hook=powersgd, several buckets": (
+        "DDP's powerSGD_hook needs all gradients in one DDP bucket here: with several, torch 2.13 on gloo issues "
+        "each bucket's later all-reduces from future callbacks in a different order on each rank, and the ranks "
+        "hang or fail ('Received data size doesn't match expected size')"),
 }
 
 StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
@@ -206,6 +211,12 @@ def check_options(opts: Options, dc_sizes: Sequence[int], dc_names: Sequence[str
                                       f"the DCs hold {sizes} ranks")
     if opts.strategy == "ddp" and opts.comm_hook == "bf16":
         raise OptionError("comm_hook", CANNOT_RUN["comm_hook=bf16"])
+    if opts.strategy == "ddp" and opts.comm_hook == "powersgd":
+        grad_mb = PRESETS[opts.preset].parameters(opts.seq_len) * 4 / 2**20
+        if grad_mb > opts.bucket_cap_mb:
+            raise OptionError("bucket_cap_mb", f"{CANNOT_RUN['comm_hook=powersgd, several buckets']}: preset "
+                                               f"{opts.preset!r} has {grad_mb:.3f} MB of gradients, so set "
+                                               f"bucket_cap_mb >= {math.ceil(grad_mb * 100) / 100:.2f}")
     if opts.synthetic and opts.strategy in TORCH_NATIVE:
         raise OptionError("synthetic", f"{opts.strategy} communicates from inside autograd's backward (PyTorch's own "
                                        "hooks): synthetic compute has no backward to hook; use compute: real")

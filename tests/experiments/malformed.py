@@ -76,6 +76,9 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
                                            "workload.warmup_steps", "no measured step"),
     "ddp_hook_that_needs_a_gpu": (text("[{name: d, strategy: ddp, options: {comm_hook: bf16}}]"),
                                   "strategies[0].options.comm_hook", "bf16_compress_hook needs CUDA 11+ with NCCL"),
+    "powersgd_over_several_ddp_buckets": (
+        text("[{name: d, strategy: ddp, options: {comm_hook: powersgd, bucket_cap_mb: 0.5}}]"),
+        "strategies[0].options.bucket_cap_mb", "0.904 MB of gradients, so set bucket_cap_mb >= 0.91"),
     "powersgd_rank_without_powersgd": (text("[{name: d, strategy: ddp, options: {powersgd_rank: 2}}]"),
                                        "strategies[0].options.powersgd_rank", "only used with comm_hook: powersgd"),
     "pytorch_wrapper_with_synthetic_compute": (

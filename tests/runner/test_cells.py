@@ -103,7 +103,8 @@ def test_each_malformed_case_is_one_edit_from_a_good_file(tmp_path):
                                                                "where: {latency: 20ms}, min: 1}"),
             "unequal": text("[flat-dp, {name: d, strategy: diloco, options: {inner_steps: 2}}, pp]",
                             topology=THREE_UNEQUAL),
-            "pytorch": text("[ddp, {name: p, strategy: ddp, options: {comm_hook: powersgd, powersgd_rank: 2}}, fsdp, "
+            "pytorch": text("[ddp, {name: p, strategy: ddp, options: {comm_hook: powersgd, powersgd_rank: 2}}, "
+                            "{name: q, strategy: ddp, options: {comm_hook: powersgd, bucket_cap_mb: 1}}, fsdp, "
                             "hsdp]"),
             "fsdp_unequal": text("[ddp, fsdp]", topology=THREE_UNEQUAL)}
     for name, body in good.items():

@@ -164,3 +164,13 @@ def test_the_workload_command_line_comes_from_the_option_definitions(capsys):
             parser().parse_args(bad)
         assert caught.value.code == 2 and needle in capsys.readouterr().err
     assert all(type(make_strategy(name)).name == name for name in STRATEGIES)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "medium"])
+def test_the_spec_counts_the_models_parameters(preset):
+    """The spec's torch-free count (what load-time checks such as PowerSGD's one-bucket rule use) is the model's."""
+    from dataclasses import replace
+
+    cfg = PRESETS[preset]
+    assert cfg.parameters() == count_parameters(GPT(cfg))
+    assert cfg.parameters(seq_len=2 * cfg.seq_len) == count_parameters(GPT(replace(cfg, seq_len=2 * cfg.seq_len)))
