@@ -76,9 +76,24 @@ def reconfigure(directory: Path, name: str, key: str, spec: DelayLineSpec) -> No
     work = [item.reshaped(spec) if item.key == key else item for item in load_config(files.config.read_text())]
     write_text(files.config, dump_config(work))
     status = read_status(directory, name)
-    if status is None or not alive(status.supervisor):
+    if status is None or not serves(status.supervisor, files.config):
         raise RuntimeError(f"delay line of {name} is not running")
     os.kill(status.supervisor, signal.SIGHUP)
+
+
+def serves(pid: int | None, config: Path) -> bool:
+    """Whether `pid` is a delay line process of config `config`, alive. A status file outlives its processes
+    (a crash, SIGKILL) and Linux reuses pids: signalling a recorded pid unchecked once sent SIGHUP to another
+    engineer's test run that had taken the number."""
+    if not pid or not alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = cmdline.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    wanted = config.resolve()
+    return MODULE in argv and any(arg.endswith(config.name) and Path(arg).resolve() == wanted for arg in argv)
 
 
 def snapshot(directory: Path, names: list[str], timeout: float = 1.0) -> dict[str, dict]:
@@ -118,7 +133,7 @@ def fresh_stats(places: list, read: Callable[[Any], str], ask: Callable[[Any], N
 
 def _signal_worker(directory: Path, name: str) -> None:
     status = read_status(directory, name)
-    if status is not None and status.worker and alive(status.worker):
+    if status is not None and serves(status.worker, DelayLineFiles.named(directory, name).config):
         try:
             os.kill(status.worker, signal.SIGUSR2)
         except ProcessLookupError:
