@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from testbed.spec import units
 from testbed.spec.errors import SpecError
+from testbed.spec.faults import Fault
 from testbed.spec.loader import load_yaml, validate_data
 from testbed.spec.strategies import OPTIONS, STRATEGIES, OptionError, Options, check_option, check_options, problem_of
 from testbed.spec.topology import Topology, load_topology, topology_from_data
@@ -149,6 +150,7 @@ class Experiment(BaseModel):
     calibrate: Literal["rtt", "full", "none"] = "rtt"
     cell_timeout: float = Field(300.0, gt=0)
     thresholds: list[Threshold] = []
+    faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -274,6 +276,7 @@ class Experiment(BaseModel):
             if self.workload.warmup_steps >= int(steps):
                 raise SpecError(source, "workload.warmup_steps",
                                 f"{self.workload.warmup_steps} leaves no measured step of {steps}{at}")
+            self._check_fault_steps(int(steps), sum(sizes), at, source)
             for index in range(len(self.strategies)):
                 try:
                     check_options(Options(**self.cell_options(index, point)), sizes, names)
@@ -284,6 +287,33 @@ class Experiment(BaseModel):
                 except OptionError as error:
                     field, note = self.field_of(index, point, error.field)
                     raise SpecError(source, field, f"{error}{note}{at}") from None
+
+    def _check_fault_steps(self, steps: int, world: int, at: str, source: Path | None) -> None:
+        """Every fault's rank among the cell's ranks and its step among the cell's steps."""
+        for index, fault in enumerate(self.faults):
+            if fault.rank is not None and fault.rank >= world:
+                raise SpecError(source, f"faults[{index}].rank",
+                                f"rank {fault.rank} does not exist: the cells run ranks 0-{world - 1}")
+            if fault.at.step is not None and fault.at.step >= steps:
+                raise SpecError(source, f"faults[{index}].at",
+                                f"step {fault.at.step} is never reached: the cells run steps 0-{steps - 1}{at}")
+
+    def _check_fault_links(self, topology: Topology, source: Path | None) -> None:
+        """Every link fault names a link of the topology (a fault acts on one link, never a routed path)."""
+        for index, fault in enumerate(self.faults):
+            if fault.between is None:
+                continue
+            a, b = fault.between
+            for dc in (a, b):
+                if dc not in [d.name for d in topology.dcs]:
+                    raise SpecError(source, f"faults[{index}].between",
+                                    f"no DC named {dc!r} (DCs: {', '.join(d.name for d in topology.dcs)})")
+            try:
+                topology.find_link(a, b)
+            except KeyError:
+                known = ", ".join(f"[{x.between[0]},{x.between[1]}]" for x in topology.links)
+                raise SpecError(source, f"faults[{index}].between",
+                                f"no link between {a} and {b} (links: {known})") from None
 
     def load_topology(self, source: Path | None) -> Topology:
         """The topology: a file relative to the experiment file, or inline; checks sweep link names."""
@@ -302,6 +332,7 @@ class Experiment(BaseModel):
                 except KeyError:
                     known = ", ".join(f"[{x.between[0]},{x.between[1]}]" for x in topology.links)
                     raise SpecError(source, f"sweep.{key}", f"no link between {a} and {b} (links: {known})") from None
+        self._check_fault_links(topology, source)
         return topology
 
 

@@ -1,0 +1,126 @@
+"""The faults: timeline without root: what each kind takes, when each action falls due, what a link fault does
+to a direction's parameters, and a good file with every kind loading."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.plan.faults import FaultAction, due, fault_seed, impaired, link_keys, longest_partition, schedule
+from testbed.spec.errors import SpecError
+from testbed.spec.experiment import load_experiment
+from testbed.spec.faults import Fault, parse_at
+from testbed.spec.link import LinkParams
+
+from ..experiments.malformed import text
+
+EVERY_KIND = """faults:
+  - {kind: partition, between: [east, west], at: step 2, duration: 3s}
+  - {kind: flap, between: [east, west], at: 4s, duration: 2.5s, period: 1s, down: 200ms}
+  - {kind: loss-burst, between: [west, east], at: step 3, duration: 1s, loss: 20%}
+  - {kind: bandwidth, between: [east, west], at: 8s, duration: 2s, bandwidth: 10mbit}
+  - {kind: latency, between: [east, west], at: 8s, duration: 2s, latency: 80ms, jitter: 5ms}
+  - {kind: kill, rank: 3, at: step 3}
+  - {kind: straggler, rank: 2, at: step 1, duration: 5s, slowdown: 3}
+  - {kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}
+"""
+
+
+def test_a_file_with_every_kind_loads_with_units_parsed(tmp_path):
+    path = tmp_path / "faults.yaml"
+    path.write_text(text("[flat-dp]", extra=EVERY_KIND))
+    experiment, _ = load_experiment(path)
+    kinds = [f.kind for f in experiment.faults]
+    assert kinds == ["partition", "flap", "loss-burst", "bandwidth", "latency", "kill", "straggler", "sdc"]
+    partition, flap, burst, rate, latency = experiment.faults[:5]
+    assert partition.at.step == 2 and partition.duration == 3.0
+    assert flap.at.seconds == 4.0 and flap.down == pytest.approx(0.2)
+    assert burst.loss == pytest.approx(0.2) and rate.bandwidth == 10e6
+    assert latency.latency == pytest.approx(0.08) and latency.jitter == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(("written", "step", "seconds"), [
+    ("step 0", 0, None), ("step 12", 12, None), ("  step 3 ", 3, None), ("4s", None, 4.0), ("250ms", None, 0.25),
+    (2, None, 2.0), (0.5, None, 0.5)])
+def test_at_is_a_step_or_a_time(written, step, seconds):
+    at = parse_at(written)
+    assert (at.step, at.seconds) == (step, seconds)
+
+
+@pytest.mark.parametrize("written", ["step", "step -1", "step 1.5", "later", "-2s", "step five"])
+def test_at_refuses_what_is_neither(written):
+    with pytest.raises(ValueError):
+        parse_at(written)
+
+
+def test_a_partition_is_applied_then_cleared_after_its_duration():
+    fault = Fault(kind="partition", between=("east", "west"), at="step 5", duration="3s")
+    assert schedule([fault]) == [FaultAction(0, "apply", 5, 0.0), FaultAction(0, "clear", 5, 3.0)]
+
+
+def test_a_flap_is_one_down_window_per_period_cut_at_its_duration():
+    fault = Fault(kind="flap", between=("east", "west"), at="4s", duration="2.5s", period="1s", down="600ms")
+    windows = [(a.action, a.window, round(a.offset_s, 6)) for a in schedule([fault])]
+    assert windows == [("apply", 0, 4.0), ("clear", 0, 4.6), ("apply", 1, 5.0), ("clear", 1, 5.6),
+                       ("apply", 2, 6.0), ("clear", 2, 6.5)]
+    assert all(a.step is None for a in schedule([fault]))
+
+
+def test_a_kill_is_never_cleared_and_sdc_is_the_workloads():
+    kill = Fault(kind="kill", rank=3, at="step 6")
+    sdc = Fault(kind="sdc", rank=1, at="step 8", target="parameter", bit=30)
+    assert schedule([kill, sdc]) == [FaultAction(0, "apply", 6, 0.0)]
+
+
+def test_schedule_orders_clears_before_applies_at_the_same_moment():
+    a = Fault(kind="latency", between=("east", "west"), at="1s", duration="1s", latency="50ms")
+    b = Fault(kind="loss-burst", between=("east", "west"), at="2s", duration="1s", loss="5%")
+    assert [(x.fault, x.action, x.offset_s) for x in schedule([b, a])] == [
+        (1, "apply", 1.0), (1, "clear", 2.0), (0, "apply", 2.0), (0, "clear", 3.0)]
+
+
+def test_due_waits_for_its_anchor():
+    on_step, on_time = FaultAction(0, "apply", 3, 0.5), FaultAction(1, "apply", None, 2.0)
+    assert due(on_step, {0: 100.0, 1: 101.0}, 100.0) is None
+    assert due(on_step, {3: 105.0}, 100.0) == 105.5
+    assert due(on_time, {}, None) is None and due(on_time, {}, 100.0) == 102.0
+
+
+def test_what_each_link_fault_does_to_a_direction():
+    base = LinkParams(latency=0.01, bandwidth=1e9, jitter=0.001, loss=0.0)
+    between = ("east", "west")
+    cases = {
+        Fault(kind="partition", between=between, at="1s", duration="1s"): LinkParams(0.01, 1e9, 0.001, 1.0),
+        Fault(kind="flap", between=between, at="1s", duration="2s", period="1s", down="0.1s"):
+            LinkParams(0.01, 1e9, 0.001, 1.0),
+        Fault(kind="loss-burst", between=between, at="1s", duration="1s", loss="20%"): LinkParams(0.01, 1e9, 0.001, 0.2),
+        Fault(kind="latency", between=between, at="1s", duration="1s", latency="80ms"): LinkParams(0.08, 1e9, 0.0, 0.0),
+        Fault(kind="bandwidth", between=between, at="1s", duration="1s", bandwidth="10mbit"):
+            LinkParams(0.01, 1e7, 0.001, 0.0),
+    }
+    for fault, expected in cases.items():
+        assert impaired(base, fault) == expected, fault.kind
+    with pytest.raises(ValueError):
+        impaired(base, Fault(kind="kill", rank=0, at="step 1"))
+    assert link_keys(Fault(kind="partition", between=between, at="1s", duration="1s")) == ["east->west", "west->east"]
+
+
+def test_the_longest_dark_window_sizes_the_process_group_timeout():
+    faults = [Fault(kind="partition", between=("east", "west"), at="1s", duration="3s"),
+              Fault(kind="flap", between=("east", "west"), at="1s", duration="10s", period="5s", down="4s"),
+              Fault(kind="latency", between=("east", "west"), at="1s", duration="60s", latency="1s")]
+    assert longest_partition(faults) == 4.0 and longest_partition([]) == 0.0
+
+
+def test_fault_seeds_replay_and_differ_between_cells_and_faults():
+    assert fault_seed(1, "flat-dp__r0", 0) == fault_seed(1, "flat-dp__r0", 0)
+    seeds = {fault_seed(1, "flat-dp__r0", 0), fault_seed(1, "flat-dp__r0", 1), fault_seed(1, "hier-dp__r0", 0),
+             fault_seed(2, "flat-dp__r0", 0)}
+    assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
+
+
+def test_a_bad_fault_is_one_line_naming_its_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text("[flat-dp]", extra="faults: [{kind: straggler, rank: 1, at: step 1, duration: 1s}]\n"))
+    with pytest.raises(SpecError) as caught:
+        load_experiment(path)
+    assert str(caught.value) == f"{path}: faults[0].slowdown: straggler needs slowdown"
