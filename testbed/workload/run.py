@@ -73,6 +73,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         parts = [data.samples(step, first, n, cfg.seq_len, opts.seed) for first, n in ranges]
         x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         micro = list(zip(x.to(device).split(opts.micro_batch), y.to(device).split(opts.micro_batch)))
+        writer.write({"event": "step_begin", "step": step, "rank": layout.rank, "time": time.time()})  # faults' clock
         meter.reset()
         start = time.perf_counter()
         result = strategy.step(step, micro)
