@@ -173,6 +173,9 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
     lateness = delay_line_lateness(testbed, late_before, testbed.fabric.delay_line_stats())
+    killed = [e["target"] for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None]
+    if not outcome.ok and outcome.failed_rank is not None and f"rank {outcome.failed_rank}" in killed:
+        outcome.reason += " (killed by the faults: timeline)"
     if outcome.ok and fault_record["errors"]:  # the cell did not run under the faults it declares
         outcome.ok, outcome.reason = False, "fault not applied: " + "; ".join(fault_record["errors"])
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",

@@ -124,3 +124,24 @@ def test_a_bad_fault_is_one_line_naming_its_field(tmp_path):
     with pytest.raises(SpecError) as caught:
         load_experiment(path)
     assert str(caught.value) == f"{path}: faults[0].slowdown: straggler needs slowdown"
+
+
+def test_stall_is_the_excess_of_the_slow_steps_and_the_ratio_what_was_productive():
+    import pandas as pd
+
+    from testbed.collect.frames import stall_figures
+
+    calm = stall_figures(pd.Series([0.1, 0.1, 0.12, 0.1, 0.11]))
+    assert calm["stall_s"] == 0.0 and calm["effective_time_ratio"] == pytest.approx(0.5 / 0.53)
+    stalled = stall_figures(pd.Series([0.1, 0.1, 3.1, 0.1, 0.1]))
+    assert stalled["stall_s"] == pytest.approx(3.0) and stalled["effective_time_ratio"] == pytest.approx(0.5 / 3.5)
+
+
+def test_fault_figures_count_applied_windows_and_the_latest():
+    from testbed.collect.frames import fault_figures
+
+    result = {"faults": {"faults": [{"scheduled_at": 1.0, "applied_at": 1.02}, {"scheduled_at": 2.0, "applied_at": 2.1},
+                                    {"scheduled_at": None, "applied_at": None}]}}
+    figures = fault_figures(result)
+    assert figures["faults_applied"] == 2 and figures["fault_late_max_ms"] == pytest.approx(100.0)
+    assert fault_figures({}) == {}
