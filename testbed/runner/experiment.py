@@ -31,7 +31,7 @@ from testbed.fabric import cancel, registry
 from testbed.fabric.backend import Backend
 from testbed.fabric.errors import NotSupported
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
-from testbed.plan.faults import longest_partition
+from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
 from testbed.runner.probe import as_records, probe_all
@@ -138,6 +138,45 @@ def pg_timeout(faults: list[Fault]) -> float:
     return max(PG_TIMEOUT_S, longest_partition(faults) + PG_TIMEOUT_MARGIN_S)
 
 
+def sdc_env(faults: list[Fault], cell_id: str, seed: int) -> dict[str, str]:
+    """TESTBED_SDC (the corruptions the workload injects, each with its fault's seed) and TESTBED_SDC_CHECK (the
+    checks run in every cell that has one); nothing without SDC faults."""
+    items = [{"rank": f.rank, "step": f.at.step, "target": f.target, "bit": f.bit, "tensor": f.tensor,
+              "index": f.index, "seed": fault_seed(seed, cell_id, i)} for i, f in enumerate(faults) if f.kind == "sdc"]
+    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1"} if items else {}
+
+
+def sdc_record(metrics_dir: Path) -> list[dict]:
+    """result.json's `sdc`: every injection with what caught it (detected_by, classification; none: missed), then
+    every detection no injection explains (a false positive, target null)."""
+    injected, detected = [], []
+    for path in sorted(metrics_dir.glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if '"sdc_' not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            (injected if record["event"] == "sdc_injected" else detected).append(record)
+    out, explained = [], set()
+    for item in sorted(injected, key=lambda r: (r["step"], r["rank"])):
+        hits = [i for i, d in enumerate(detected) if d["rank"] == item["rank"] and d["target"] == item["target"]
+                and d["step"] >= item["step"] and i not in explained]
+        first = hits[0] if hits else None
+        if first is not None:
+            explained.add(first)
+        found = detected[first] if first is not None else {}
+        out.append({"rank": item["rank"], "step": item["step"], "target": item["target"], "tensor": item["tensor"],
+                    "index": item["index"], "bit": item["bit"], "detected_by": found.get("detected_by"),
+                    "detected_at_step": found.get("step"), "classification": found.get("classification", "missed")})
+    for i, found in enumerate(detected):
+        if i not in explained:
+            out.append({"rank": found["rank"], "step": found["step"], "target": None, "detected_by": found["detected_by"],
+                        "detected_at_step": found["step"], "classification": found["classification"]})
+    return out
+
+
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
              seed: int = 0) -> dict:
@@ -154,7 +193,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir,
-                        extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}"})
+                        extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed)})
     group = RankGroup(testbed.fabric, specs, argv, log_dir)
     driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json", group.signal)
     try:
@@ -184,7 +223,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
-              "delay_line": lateness, "faults": fault_record,
+              "delay_line": lateness, "faults": fault_record, "sdc": sdc_record(metrics_dir),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))

@@ -26,6 +26,7 @@ LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distanc
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
+SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")  # where replicas are bit-identical after every step
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -169,7 +170,21 @@ class Experiment(BaseModel):
             self._check_sweep(key, values)
         for index, threshold in enumerate(self.thresholds):
             self._check_threshold(f"thresholds[{index}]", threshold)
+        for index, fault in enumerate(self.faults):
+            if fault.kind == "sdc":
+                self._check_sdc(f"faults[{index}]", fault)
         return self
+
+    def _check_sdc(self, field: str, fault: Fault) -> None:
+        """Silent data corruption is injected and checked where replicas are identical (testbed.workload.sdc)."""
+        for spec in self.strategies:
+            strategy = spec.workload_strategy
+            if strategy not in SDC_STRATEGIES:
+                raise ValueError(f"{field}.kind: sdc is injected and checked in {', '.join(SDC_STRATEGIES)} only, "
+                                 f"not {strategy} (strategy {spec.name})")
+            if fault.target == "gradient" and strategy == "hier-dp-overlap":
+                raise ValueError(f"{field}.target: hier-dp-overlap reduces gradients during backward, so a gradient "
+                                 "cannot be corrupted before its collective (target: parameter can)")
 
     def _check_sweep(self, key: str, values: list[Any]) -> None:
         if not values:

@@ -78,6 +78,8 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         start = time.perf_counter()
         result = strategy.step(step, micro)
         wall = time.perf_counter() - start
+        for event in result.pop("events", []):  # silent data corruption injected or caught (testbed.workload.sdc)
+            writer.write({**event, "time": time.time()})
         c = meter.reset()
         record = {"event": "step", "step": step, "rank": layout.rank, "dc": layout.dc,
                   "strategy": opts.strategy, "time": time.time(), "wall_s": wall,

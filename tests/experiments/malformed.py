@@ -110,6 +110,12 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "sdc_at_a_time": (text("[flat-dp]", extra="faults: [{kind: sdc, rank: 1, at: 2s, target: parameter, "
                                               "bit: 30}]\n"),
                       "faults[0].at", "injected at a step"),
+    "sdc_in_a_strategy_without_replicas": (text("[flat-dp, pp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, "
+                                                                     "target: parameter, bit: 30}]\n"),
+                                           "faults[0].kind", "not pp"),
+    "gradient_sdc_where_buckets_leave_in_backward": (
+        text("[hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
+        "faults[0].target", "during backward"),
     "loss_burst_of_nothing": (text("[flat-dp]", extra="faults: [{kind: loss-burst, between: [east, west], "
                                                       "at: 1s, duration: 1s, loss: 0%}]\n"),
                               "faults[0].loss", "more than 0%"),

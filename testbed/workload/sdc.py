@@ -1,0 +1,188 @@
+"""Silent data corruption, injected and caught, in the data-parallel strategies.
+
+Injection: one bit of one float32 element of a gradient (after backward, before the collective) or a parameter
+(after the optimizer step) is flipped on one rank at one step (TESTBED_SDC, a JSON list the harness writes from
+the experiment's `faults:`; the element is the one named, else chosen by the fault's seed).
+
+Detection (TESTBED_SDC_CHECK=1), every step:
+- gradients, which an all-reduce would spread to every rank unnoticed: each rank checks its own gradient before
+  the collective; an anomaly is a non-finite norm, or a norm or largest element above GRAD_FACTOR times the
+  median of this rank's last HISTORY steps. The step's local gradient is then recomputed (a replay: samples
+  are a pure function of seed, step and index) and checked again: transient when the replay passes (its
+  gradient is used, nothing corrupt reached the collective), persistent when it fails again.
+- parameters, which replicas must hold bit for bit: a checksum of every parameter's bits (int64 sum of their
+  int32 views, so any one flipped bit changes it) gathered from every rank; the ranks that differ from the
+  majority are named, every rank takes the parameters of a rank of the majority (the last good state), and the
+  checksums are compared again: transient when they agree, persistent when not.
+Events go to the rank's metrics as `sdc_injected` / `sdc_detected` lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+GRAD_FACTOR = 10.0  # a gradient norm (or largest element) this many times its recent median is an anomaly
+HISTORY = 20  # steps of each rank's gradient history the median is taken over
+
+
+@dataclass(frozen=True)
+class Injection:
+    rank: int
+    step: int
+    target: str  # "gradient" | "parameter"
+    bit: int
+    tensor: str | None = None
+    index: int | None = None
+    seed: int = 0
+
+
+def injections_from_env(rank: int) -> list[Injection]:
+    """This rank's injections from TESTBED_SDC."""
+    items = json.loads(os.environ.get("TESTBED_SDC") or "[]")
+    return [Injection(**item) for item in items if item["rank"] == rank]
+
+
+def checking_from_env() -> bool:
+    return os.environ.get("TESTBED_SDC_CHECK", "0") == "1"
+
+
+def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
+    """Flip bit `bit` (0-31) of float32 element `index` of `tensor` in place; (value before, value after)."""
+    if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+        raise ValueError(f"bit flips are for contiguous float32 tensors, not {tensor.dtype}")
+    flat = tensor.detach().view(-1)
+    before = float(flat[index])
+    mask = torch.tensor((1 << bit) - (1 << 32 if bit == 31 else 0), dtype=torch.int32, device=tensor.device)
+    bits = flat.view(torch.int32)
+    bits[index] = torch.bitwise_xor(bits[index], mask)
+    return before, float(flat[index])
+
+
+def checksum(tensors: list[torch.Tensor]) -> int:
+    """The sum of every element's 32 bits as integers: any single flipped bit changes it."""
+    return int(sum(int(t.detach().view(-1).view(torch.int32).to(torch.int64).sum()) for t in tensors))
+
+
+def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
+    """The positions whose value differs from the majority's, and the first position holding the majority's
+    value (None on a tie: no majority to trust, every position that differs from another is named)."""
+    counts = {value: values.count(value) for value in values}
+    best = max(counts.values())
+    leaders = [value for value, count in counts.items() if count == best]
+    if len(leaders) > 1:
+        return [i for i, value in enumerate(values) if len(counts) > 1], None
+    good = leaders[0]
+    return [i for i, value in enumerate(values) if value != good], values.index(good)
+
+
+class Guard:
+    """Injects this rank's corruptions and runs the checks, for a strategy whose replicas are identical over
+    `group` (ranks `group_ranks`)."""
+
+    def __init__(self, rank: int, names: list[str], params: list[torch.nn.Parameter], group: object,
+                 group_ranks: list[int], injections: list[Injection], check: bool) -> None:
+        self.rank, self.names, self.params = rank, names, params
+        self.group, self.group_ranks = group, group_ranks
+        self.injections, self.check = injections, check
+        self.norms: list[float] = []
+        self.peaks: list[float] = []
+        self.events: list[dict] = []
+        self.check_s = 0.0
+
+    def take(self) -> tuple[list[dict], float]:
+        """Events since the last call, and the seconds the checks took (the detection cost)."""
+        events, seconds = self.events, self.check_s
+        self.events, self.check_s = [], 0.0
+        return events, seconds
+
+    # --- injection ------------------------------------------------------------------------------------------
+    def _inject(self, step: int, target: str) -> None:
+        for item in self.injections:
+            if item.step != step or item.target != target:
+                continue
+            rng = random.Random(item.seed)
+            name = item.tensor or rng.choice(self.names)
+            if name not in self.names:
+                raise ValueError(f"sdc: no parameter named {name!r} (parameters: {', '.join(self.names)})")
+            param = self.params[self.names.index(name)]
+            tensor = param.grad if target == "gradient" else param.data
+            index = item.index if item.index is not None else rng.randrange(tensor.numel())
+            if index >= tensor.numel():
+                raise ValueError(f"sdc: {name} has {tensor.numel()} elements, no index {index}")
+            with torch.no_grad():
+                before, after = flip_bit(tensor, index, item.bit)
+            self.events.append({"event": "sdc_injected", "rank": self.rank, "step": step, "target": target,
+                                "tensor": name, "index": index, "bit": item.bit, "before": before, "after": after})
+
+    # --- gradients ------------------------------------------------------------------------------------------
+    def _gradient_anomaly(self) -> tuple[bool, float, float]:
+        squares = torch.zeros((), dtype=torch.float64)
+        peak = 0.0
+        for param in self.params:
+            grad = param.grad.detach()
+            squares += grad.double().pow(2).sum()
+            peak = max(peak, float(grad.abs().max()))
+        norm = float(squares.sqrt())
+        bad = not (torch.isfinite(torch.tensor(norm)) and torch.isfinite(torch.tensor(peak)))
+        if not bad and self.norms:
+            bad = norm > GRAD_FACTOR * statistics.median(self.norms) or peak > GRAD_FACTOR * statistics.median(self.peaks)
+        return bad, norm, peak
+
+    def before_collective(self, step: int, replay: Callable[[], float | None]) -> float | None:
+        """Inject a gradient corruption due now; check this rank's gradient (and replay the step's local compute
+        on an anomaly). Returns the replay's loss when the step was replayed, else None."""
+        self._inject(step, "gradient")
+        if not self.check:
+            return None
+        start = time.perf_counter()
+        bad, norm, peak = self._gradient_anomaly()
+        self.check_s += time.perf_counter() - start
+        loss = None
+        if bad:
+            loss = replay()  # recovery, not detection: not counted in the check's cost
+            start = time.perf_counter()
+            again, norm, peak = self._gradient_anomaly()
+            self.check_s += time.perf_counter() - start
+            self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
+                                "detected_by": "grad-norm", "suspect_rank": self.rank,
+                                "classification": "persistent" if again else "transient"})
+            if again:
+                return loss  # a gradient that stays anomalous does not enter the history
+        self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+        return loss
+
+    # --- parameters -----------------------------------------------------------------------------------------
+    def _gather(self) -> list[int]:
+        mine = torch.tensor([checksum(self.params)], dtype=torch.int64)
+        values = [torch.zeros(1, dtype=torch.int64) for _ in self.group_ranks]
+        dist.all_gather(values, mine, group=self.group)
+        return [int(v) for v in values]
+
+    def after_update(self, step: int) -> None:
+        """Inject a parameter corruption due now; compare every replica's checksum, restore from the majority."""
+        self._inject(step, "parameter")
+        if not self.check:
+            return
+        start = time.perf_counter()
+        odd, good = odd_ones(self._gather())
+        if odd:
+            classification = "unresolved (no majority)"
+            if good is not None:
+                with torch.no_grad():
+                    for param in self.params:
+                        dist.broadcast(param.data, self.group_ranks[good], group=self.group)
+                classification = "transient" if not odd_ones(self._gather())[0] else "persistent"
+            if self.rank == self.group_ranks[0]:  # one record per detection, written by the group's first rank
+                for position in odd:
+                    self.events.append({"event": "sdc_detected", "rank": self.group_ranks[position], "step": step,
+                                        "target": "parameter", "detected_by": "param-checksum",
+                                        "suspect_rank": self.group_ranks[position], "classification": classification})
+        self.check_s += time.perf_counter() - start
