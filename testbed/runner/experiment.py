@@ -138,12 +138,15 @@ def pg_timeout(faults: list[Fault]) -> float:
     return max(PG_TIMEOUT_S, longest_partition(faults) + PG_TIMEOUT_MARGIN_S)
 
 
-def sdc_env(faults: list[Fault], cell_id: str, seed: int) -> dict[str, str]:
-    """TESTBED_SDC (the corruptions the workload injects, each with its fault's seed) and TESTBED_SDC_CHECK (the
-    checks run in every cell that has one); nothing without SDC faults."""
+def sdc_env(faults: list[Fault], cell_id: str, seed: int, replay: float = 0.0) -> dict[str, str]:
+    """TESTBED_SDC (the corruptions the workload injects, each with its fault's seed), TESTBED_SDC_CHECK (the
+    checks run in every cell that has one) and TESTBED_SDC_REPLAY (the share of steps replayed unasked); nothing
+    without SDC faults."""
     items = [{"rank": f.rank, "step": f.at.step, "target": f.target, "bit": f.bit, "tensor": f.tensor,
               "index": f.index, "seed": fault_seed(seed, cell_id, i)} for i, f in enumerate(faults) if f.kind == "sdc"]
-    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1"} if items else {}
+    if not items:
+        return {}
+    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": f"{replay:g}"}
 
 
 def sdc_record(metrics_dir: Path) -> list[dict]:
@@ -179,7 +182,7 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
-             seed: int = 0) -> dict:
+             seed: int = 0, sdc_replay: float = 0.0) -> dict:
     """Run one cell, with `faults` on their schedule; returns its result record (also written to
     cell_dir/result.json)."""
     faults = faults or []
@@ -193,7 +196,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir,
-                        extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed)})
+                        extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay)})
     group = RankGroup(testbed.fabric, specs, argv, log_dir)
     driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json", group.signal)
     try:
@@ -270,7 +273,8 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
             result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
                               experiment.calibrate, experiment.workload.ranks_per_node,
                               on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None,
-                              faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed)
+                              faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
+                              sdc_replay=experiment.sdc_replay)
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)

@@ -152,6 +152,12 @@ class Experiment(BaseModel):
     cell_timeout: float = Field(300.0, gt=0)
     thresholds: list[Threshold] = []
     faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
+    sdc_replay: float = 0.0  # with sdc faults: the share of steps each rank replays unasked (testbed.workload.sdc)
+
+    @field_validator("sdc_replay", mode="before")
+    @classmethod
+    def _replay_share(cls, value: Any) -> float:
+        return units.parse_fraction(value)
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -173,6 +179,8 @@ class Experiment(BaseModel):
         for index, fault in enumerate(self.faults):
             if fault.kind == "sdc":
                 self._check_sdc(f"faults[{index}]", fault)
+        if self.sdc_replay and not any(fault.kind == "sdc" for fault in self.faults):
+            raise ValueError("sdc_replay: replays check for silent data corruption: add an sdc fault to faults:")
         return self
 
     def _check_sdc(self, field: str, fault: Fault) -> None:

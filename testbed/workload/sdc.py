@@ -8,16 +8,20 @@ Detection (TESTBED_SDC_CHECK=1), every step:
 - gradients, which an all-reduce would spread to every rank unnoticed: each rank checks its own gradient before
   the collective; an anomaly is a non-finite norm, or a norm or largest element above GRAD_FACTOR times the
   median of this rank's last HISTORY steps. The step's local gradient is then recomputed (a replay: samples
-  are a pure function of seed, step and index) and checked again: transient when the replay passes (its
-  gradient is used, nothing corrupt reached the collective), persistent when it fails again.
-- parameters, which replicas must hold bit for bit: a checksum of every parameter's bits (int64 sum of their
-  int32 views, so any one flipped bit changes it) gathered from every rank; the ranks that differ from the
+  are a pure function of seed, step and index): the same bits again mean no corruption (`reproduced`: the
+  data's own spike), other bits mean the first was corrupt (`transient` when the replay passes, and its
+  gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). With
+  TESTBED_SDC_REPLAY = r each rank also replays a share r of its steps unasked (chosen by seed, rank and step),
+  which catches flips too small for the norm (mantissa and low exponent bits) on the steps it samples.
+- parameters, which replicas must hold bit for bit: a digest of every parameter's bytes (BLAKE2b, so any
+  flipped bit changes it) gathered from every rank; the ranks that differ from the
   majority are named, every rank takes the parameters of a rank of the majority (the last good state), and the
   checksums are compared again: transient when they agree, persistent when not.
 Events go to the rank's metrics as `sdc_injected` / `sdc_detected` lines."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -54,6 +58,14 @@ def checking_from_env() -> bool:
     return os.environ.get("TESTBED_SDC_CHECK", "0") == "1"
 
 
+def replay_rate_from_env() -> float:
+    """TESTBED_SDC_REPLAY: the share of steps each rank replays unasked (0 to 1; default 0: on anomalies only)."""
+    rate = float(os.environ.get("TESTBED_SDC_REPLAY") or 0.0)
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"TESTBED_SDC_REPLAY: a share of steps between 0 and 1, got {rate}")
+    return rate
+
+
 def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
     """Flip bit `bit` (0-31) of float32 element `index` of `tensor` in place; (value before, value after)."""
     if tensor.dtype != torch.float32 or not tensor.is_contiguous():
@@ -67,8 +79,12 @@ def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
 
 
 def checksum(tensors: list[torch.Tensor]) -> int:
-    """The sum of every element's 32 bits as integers: any single flipped bit changes it."""
-    return int(sum(int(t.detach().view(-1).view(torch.int32).to(torch.int64).sum()) for t in tensors))
+    """A 63-bit digest (BLAKE2b) of the tensors' bytes in order: any flipped bit, or values changing places,
+    changes it."""
+    digest = hashlib.blake2b(digest_size=8)
+    for tensor in tensors:
+        digest.update(tensor.detach().contiguous().cpu().view(-1).numpy().tobytes())
+    return int.from_bytes(digest.digest(), "big") >> 1
 
 
 def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
@@ -88,8 +104,10 @@ class Guard:
     `group` (ranks `group_ranks`)."""
 
     def __init__(self, rank: int, names: list[str], params: list[torch.nn.Parameter], group: object,
-                 group_ranks: list[int], injections: list[Injection], check: bool) -> None:
+                 group_ranks: list[int], injections: list[Injection], check: bool, replay_rate: float = 0.0,
+                 seed: int = 0) -> None:
         self.rank, self.names, self.params = rank, names, params
+        self.replay_rate, self.seed = replay_rate, seed
         self.group, self.group_ranks = group, group_ranks
         self.injections, self.check = injections, check
         self.norms: list[float] = []
@@ -136,27 +154,49 @@ class Guard:
             bad = norm > GRAD_FACTOR * statistics.median(self.norms) or peak > GRAD_FACTOR * statistics.median(self.peaks)
         return bad, norm, peak
 
+    def _grad_checksum(self) -> int:
+        return checksum([param.grad for param in self.params])
+
+    def _sampled(self, step: int) -> bool:
+        """Whether this rank replays step `step` unasked (a pure function of seed, rank and step)."""
+        return self.replay_rate > 0 and random.Random(f"{self.seed}/{self.rank}/{step}").random() < self.replay_rate
+
     def before_collective(self, step: int, replay: Callable[[], float | None]) -> float | None:
-        """Inject a gradient corruption due now; check this rank's gradient (and replay the step's local compute
-        on an anomaly). Returns the replay's loss when the step was replayed, else None."""
+        """Inject a gradient corruption due now; check this rank's gradient, replaying the step's local compute on
+        an anomaly or when the step is sampled. Returns the replay's loss when the step was replayed, else None.
+
+        A replay that gives the same bits as the first computation means no corruption (an anomaly is then the
+        data's own spike: `reproduced`); different bits mean the first was corrupt: `transient` when the replay
+        passes (a second replay agrees with it, when sampled), `persistent` when it does not."""
         self._inject(step, "gradient")
         if not self.check:
             return None
         start = time.perf_counter()
         bad, norm, peak = self._gradient_anomaly()
+        sampled = not bad and self._sampled(step)
+        first = self._grad_checksum() if bad or sampled else None
         self.check_s += time.perf_counter() - start
-        loss = None
-        if bad:
-            loss = replay()  # recovery, not detection: not counted in the check's cost
-            start = time.perf_counter()
-            again, norm, peak = self._gradient_anomaly()
-            self.check_s += time.perf_counter() - start
+        if first is None:
+            self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+            return None
+        loss = replay()  # recomputing is recovery as much as detection: its time is in the step, not check_s
+        start = time.perf_counter()
+        again, norm, peak = self._gradient_anomaly()
+        second = self._grad_checksum()
+        self.check_s += time.perf_counter() - start
+        if second == first:
+            classification = "reproduced" if bad else None
+        elif bad:
+            classification = "persistent" if again else "transient"
+        else:  # a sampled replay disagreed with a gradient that looked normal: which of the two is right?
+            loss = replay()
+            classification = "transient" if self._grad_checksum() == second else "persistent"
+        if classification is not None:
             self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
-                                "detected_by": "grad-norm", "suspect_rank": self.rank,
-                                "classification": "persistent" if again else "transient"})
-            if again:
-                return loss  # a gradient that stays anomalous does not enter the history
-        self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+                                "detected_by": "grad-norm" if bad else "replay-sample", "suspect_rank": self.rank,
+                                "classification": classification})
+        if classification != "persistent":
+            self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
         return loss
 
     # --- parameters -----------------------------------------------------------------------------------------

@@ -116,6 +116,9 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "gradient_sdc_where_buckets_leave_in_backward": (
         text("[hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
         "faults[0].target", "during backward"),
+    "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),
+    "sdc_replay_beyond_every_step": (text("[flat-dp]", extra="sdc_replay: 150%\n"), "sdc_replay",
+                                     "between 0% and 100%"),
     "loss_burst_of_nothing": (text("[flat-dp]", extra="faults: [{kind: loss-burst, between: [east, west], "
                                                       "at: 1s, duration: 1s, loss: 0%}]\n"),
                               "faults[0].loss", "more than 0%"),

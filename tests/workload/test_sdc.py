@@ -81,15 +81,45 @@ def test_the_gradient_check_replays_a_flipped_step_and_calls_it_transient():
     assert replays == [True] and seconds > 0 and float(param.grad.max()) == pytest.approx(1e-3)
 
 
-def test_a_corruption_the_replay_repeats_is_persistent():
+def test_an_anomaly_the_replay_reproduces_bit_for_bit_is_the_datas_own():
+    guard, param = _guard(1e-3, [])
+    for step in range(3):
+        param.grad.fill_(1e-3)
+        guard.before_collective(step, lambda: None)
+    param.grad[0] = 5.0  # a genuine spike: the replay computes the very same bits
+    guard.before_collective(3, lambda: None)
+    events, _ = guard.take()
+    assert [(e["step"], e["detected_by"], e["classification"]) for e in events] == [(3, "grad-norm", "reproduced")]
+
+
+def test_a_corruption_the_replay_does_not_clear_is_persistent():
     guard, param = _guard(1e-3, [])
     for step in range(3):
         param.grad.fill_(1e-3)
         guard.before_collective(step, lambda: None)
     param.grad[0] = float("inf")
-    guard.before_collective(3, lambda: None)  # the "replay" leaves it as it is: the same fault again
+
+    def faulty_again() -> None:
+        param.grad.fill_(1e-3)
+        param.grad[1] = float("inf")  # other bits, still broken: the fault is still there
+
+    guard.before_collective(3, faulty_again)
     events, _ = guard.take()
     assert [(e["step"], e["classification"]) for e in events] == [(3, "persistent")]
+
+
+@pytest.mark.parametrize(("rate", "expected"), [(0.0, []), (1.0, [(4, "replay-sample", "transient")])])
+def test_a_flip_too_small_for_the_norm_is_caught_only_by_a_sampled_replay(rate, expected):
+    param = torch.nn.Parameter(torch.zeros(100))
+    param.grad = torch.full((100,), 1e-3)
+    guard = Guard(0, ["w"], [param], None, [0], [Injection(rank=0, step=4, target="gradient", bit=3, tensor="w")],
+                  check=True, replay_rate=rate)
+    for step in range(8):
+        param.grad.fill_(1e-3)
+        guard.before_collective(step, lambda: param.grad.fill_(1e-3))
+    events, _ = guard.take()
+    assert [(e["step"], e["detected_by"], e["classification"]) for e in events if e["event"] == "sdc_detected"] \
+        == expected
 
 
 def test_clean_steps_raise_nothing():

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import loss_fn
-from testbed.workload.sdc import Guard, checking_from_env, injections_from_env
+from testbed.workload.sdc import Guard, checking_from_env, injections_from_env, replay_rate_from_env
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -47,8 +47,8 @@ class DataParallel(Strategy):
         if any(item.target == "gradient" for item in injections) and not self.checks_gradients_before_sync:
             raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
                              "injected before its collective (target: parameter can)")
-        self.guard = Guard(ctx.layout.rank, self.names, self.params, dist.group.WORLD,
-                           list(range(ctx.layout.world)), injections, check) if injections or check else None
+        self.guard = Guard(ctx.layout.rank, self.names, self.params, dist.group.WORLD, list(range(ctx.layout.world)),
+                           injections, check, replay_rate_from_env(), ctx.opts.seed) if injections or check else None
 
     checks_gradients_before_sync = True  # whether every gradient is final before the collective starts
 
