@@ -145,3 +145,30 @@ def test_fault_figures_count_applied_windows_and_the_latest():
     figures = fault_figures(result)
     assert figures["faults_applied"] == 2 and figures["fault_late_max_ms"] == pytest.approx(100.0)
     assert fault_figures({}) == {}
+
+
+def test_the_report_lists_fault_windows_and_sdc_and_shades_the_windows(tmp_path):
+    import pandas as pd
+
+    from testbed.collect.faults import fault_windows, sdc_table, timeline_plot
+    from testbed.collect.report import _plt
+
+    result = {"cell": {"id": "flat-dp__r0"},
+              "faults": {"clock_zero": 100.0, "faults": [
+                  {"kind": "partition", "target": "east<->west", "at": "step 2", "scheduled_at": 0.5,
+                   "applied_at": 0.52, "clear_scheduled_at": 2.5, "cleared_at": 2.53},
+                  {"kind": "kill", "target": "rank 1", "at": "step 5", "scheduled_at": 4.0, "applied_at": 4.01,
+                   "clear_scheduled_at": None, "cleared_at": None}]},
+              "sdc": [{"rank": 1, "step": 3, "target": "gradient", "detected_by": "grad-norm",
+                       "classification": "transient"}]}
+    windows = fault_windows([result, {"cell": {"id": "calm"}}])
+    assert windows["kind"].tolist() == ["partition", "kill"]
+    assert windows["apply_late_ms"].tolist() == pytest.approx([20.0, 10.0])
+    assert sdc_table([result])[["cell", "rank", "classification"]].values.tolist() == [["flat-dp__r0", 1, "transient"]]
+    steps = pd.DataFrame([{"cell": "flat-dp__r0", "step": s, "rank": 0, "time": 100.0 + 0.5 * (s + 1),
+                           "wall_s": 0.5, "tokens": 1000} for s in range(8)])
+    (tmp_path / "plots").mkdir()
+    made = timeline_plot(tmp_path, [result], steps, _plt())
+    assert made == [("plots/faults.png", "throughput of each step with the fault windows shaded")]
+    assert (tmp_path / "plots" / "faults.png").stat().st_size > 1000
+    assert timeline_plot(tmp_path, [{"cell": {"id": "calm"}}], steps, _plt()) == []
