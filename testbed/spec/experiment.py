@@ -179,6 +179,11 @@ class Experiment(BaseModel):
         for index, fault in enumerate(self.faults):
             if fault.kind == "sdc":
                 self._check_sdc(f"faults[{index}]", fault)
+        for index, fault in enumerate(self.faults):
+            dark = fault.duration if fault.kind == "partition" else fault.down if fault.kind == "flap" else None
+            if dark is not None and dark >= self.cell_timeout:
+                raise ValueError(f"faults[{index}].{'duration' if fault.kind == 'partition' else 'down'}: the link "
+                                 f"is dark for {dark:g} s, as long as cell_timeout ({self.cell_timeout:g} s) or longer")
         if self.sdc_replay and not any(fault.kind == "sdc" for fault in self.faults):
             raise ValueError("sdc_replay: replays check for silent data corruption: add an sdc fault to faults:")
         return self
