@@ -33,12 +33,14 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
     StrategyInfo("pp", "a pipeline stage per DC, data parallel inside each DC"),
     StrategyInfo("diloco", "inner AdamW in the DC, an outer Nesterov step across DCs every inner_steps"),
     StrategyInfo("streaming-diloco", "DiLoCo with fragments synchronised in turn, overlapped with inner steps"),
+    StrategyInfo("async-diloco", "DiLoCo whose outer synchronisation runs in the background while inner steps go "
+                                 "on, up to max_staleness steps"),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")
 OVERLAP = ("hier-dp-overlap",)
 PP = ("pp",)
-DILOCO = ("diloco", "streaming-diloco")
+DILOCO = ("diloco", "streaming-diloco", "async-diloco")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
 
 StrategyName = Literal[tuple(STRATEGIES)]  # type: ignore[valid-type]
@@ -91,6 +93,8 @@ class Options:
     fragments: int = option(2, "parameter fragments synchronised in turn", strategies=("streaming-diloco",), ge=1)
     overlap_steps: int = option(1, "inner steps an outer synchronisation may take (tau)",
                                 strategies=("streaming-diloco",), ge=0)
+    max_staleness: int = option(20, "inner steps an outer synchronisation may lag before the DC waits for it",
+                                strategies=("async-diloco",), ge=1)
     # synthetic compute
     synthetic: bool = option(False, "replace forward/backward by a calibrated sleep (real bytes still move)",
                              place="workload", strict=True)
