@@ -119,3 +119,40 @@ def test_a_bad_fault_is_refused_in_one_line(prefix):
         proc = run_cli("fault", *args)
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
             proc.stderr
+
+
+def _while_in_force(prefix: str, args: list[str], measure):
+    """Start `testbed fault ARGS`, wait until its record is in the state file, measure, let it finish."""
+    proc = _fault(*args)
+    try:
+        _wait_for_fault_record(prefix)
+        return measure()
+    finally:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+
+
+def test_every_link_kind_is_applied_as_the_probe_and_status_see_it_and_cleared(prefix):
+    run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), check=True)
+    slow = _while_in_force(prefix, ["latency", "east", "west", "--for", "4s", "--latency", "60ms", "--jitter", "1ms"],
+                           lambda: _pings(prefix, 30))
+    assert 119.0 <= sorted(slow["rtts"])[15] * 1e3 <= 124.0  # 60 ms each way (+-1 ms)
+    lossy = _while_in_force(prefix, ["loss-burst", "east", "west", "--for", "4s", "--loss", "50%"],
+                            lambda: _pings(prefix, 200))
+    assert 0.6 <= 1 - lossy["received"] / 200 <= 0.9  # both ways: 1 - 0.5 x 0.5 = 75 % of round trips lost
+    status = _while_in_force(prefix, ["bandwidth", "east", "west", "--for", "3s", "--bandwidth", "10mbit"],
+                             lambda: json.loads(run_cli("status", "--json", check=True).stdout))
+    assert {link["key"]: link["bandwidth"] for link in status["links"] if link["kind"] == "inter-dc"} == {
+        "east->west": "10mbit", "west->east": "10mbit"}
+    flap: list[subprocess.Popen] = []
+    flapped = _pings(prefix, 160, during=lambda: flap.append(_fault("flap", "east", "west", "--for", "3s",
+                                                                    "--period", "1s", "--down", "300ms")))
+    out, err = flap[0].communicate(timeout=30)
+    assert flap[0].returncode == 0 and out.count("flap east<->west") == 3, (out, err)
+    gaps = [len(run) * INTERVAL for run in _runs(flapped["lost"])]
+    assert len(gaps) == 3 and all(0.2 <= gap <= 0.45 for gap in gaps), gaps  # three 300 ms windows
+    after = _pings(prefix, 40)  # every fault cleared: the link as configured
+    assert after["received"] == 40 and 20.0 <= sorted(after["rtts"])[20] * 1e3 <= 22.0
+    status = json.loads(run_cli("status", "--json", check=True).stdout)
+    assert all(link["latency"] == "10ms" and link["bandwidth"] == "1gbit" and link["loss"] == "0%"
+               for link in status["links"] if link["kind"] == "inter-dc")
