@@ -155,13 +155,16 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
     injected, detected = [], []
     for path in sorted(metrics_dir.glob("rank*.jsonl")):
         for line in path.read_text().splitlines():
-            if '"sdc_' not in line:
+            if '"event": "sdc_' not in line:
                 continue
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            (injected if record["event"] == "sdc_injected" else detected).append(record)
+            if record.get("event") == "sdc_injected":
+                injected.append(record)
+            elif record.get("event") == "sdc_detected":
+                detected.append(record)
     out, explained = [], set()
     for item in sorted(injected, key=lambda r: (r["step"], r["rank"])):
         hits = [i for i, d in enumerate(detected) if d["rank"] == item["rank"] and d["target"] == item["target"]

@@ -172,3 +172,25 @@ def test_the_report_lists_fault_windows_and_sdc_and_shades_the_windows(tmp_path)
     assert made == [("plots/faults.png", "throughput of each step with the fault windows shaded")]
     assert (tmp_path / "plots" / "faults.png").stat().st_size > 1000
     assert timeline_plot(tmp_path, [{"cell": {"id": "calm"}}], steps, _plt()) == []
+
+
+def test_result_sdc_joins_injections_with_their_detections_and_keeps_false_alarms(tmp_path):
+    import json
+
+    from testbed.runner.experiment import sdc_record
+
+    lines = {0: [{"event": "step", "step": 2, "sdc_check_s": 0.01},  # a step record also names sdc_check_s
+                 {"event": "sdc_detected", "rank": 2, "step": 7, "target": "parameter", "detected_by": "param-checksum",
+                  "classification": "transient"},
+                 {"event": "sdc_detected", "rank": 0, "step": 9, "target": "gradient", "detected_by": "grad-norm",
+                  "classification": "reproduced"}],
+             1: [{"event": "sdc_injected", "rank": 1, "step": 2, "target": "gradient", "tensor": "w", "index": 3, "bit": 30},
+                 {"event": "sdc_detected", "rank": 1, "step": 2, "target": "gradient", "detected_by": "grad-norm",
+                  "classification": "transient"}],
+             2: [{"event": "sdc_injected", "rank": 2, "step": 7, "target": "parameter", "tensor": "v", "index": 0, "bit": 27},
+                 {"event": "sdc_injected", "rank": 2, "step": 8, "target": "gradient", "tensor": "v", "index": 0, "bit": 1}]}
+    for rank, records in lines.items():
+        (tmp_path / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    got = [(r["rank"], r["step"], r["target"], r["detected_by"], r["classification"]) for r in sdc_record(tmp_path)]
+    assert got == [(1, 2, "gradient", "grad-norm", "transient"), (2, 7, "parameter", "param-checksum", "transient"),
+                   (2, 8, "gradient", None, "missed"), (0, 9, None, "grad-norm", "reproduced")]

@@ -192,13 +192,14 @@ class NetnsFabric(Fabric):
         new = plan_shaping(params, plan.shaper, delay_line=end.kind == "inter-dc")
         if new.delay_line is not None:
             self._reshape_delay_line(key, new.delay_line)
-        try:
-            with NetNS(end.ns) as ns:
-                change_tree(ns, ns.link_lookup(ifname=end.ifname)[0], end.shaping, new)
-        except NetlinkError as error:
-            raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
-        except KernelLacks as error:
-            raise FabricError(str(error)) from None
+        if new.tc != end.shaping.tc:  # a change of the delay line's loss or delay alone leaves the qdiscs as they are
+            try:
+                with NetNS(end.ns) as ns:
+                    change_tree(ns, ns.link_lookup(ifname=end.ifname)[0], end.shaping, new)
+            except NetlinkError as error:
+                raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
+            except KernelLacks as error:
+                raise FabricError(str(error)) from None
         # keep the plan true to the kernel, so a later shape/counters/status sees what is applied
         self.plan = dataclasses.replace(plan, link_ends=tuple(
             dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))

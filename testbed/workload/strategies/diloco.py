@@ -16,8 +16,9 @@ global fragment plus the local progress made since its sync started.
 async-diloco: the whole pseudo-gradient's cross-DC all-reduce starts every H steps in the background and is
 applied as soon as it has arrived (the DC's ranks agree on when, with a one-element all-reduce inside the DC
 each step), as streaming-diloco applies a fragment: the new global weights plus the local progress since. Inner
-steps go on meanwhile; only when the sync is `max_staleness` steps old, or the next one is due, does the DC
-wait for it. Across a partition the DCs keep training on their own until the bound.
+steps go on meanwhile; one sync is in flight at a time (one that falls due meanwhile is skipped), and only when
+it is `max_staleness` steps old (or at the last step) does the DC wait for it. Across a partition the DCs keep
+training on their own until the bound.
 """
 
 from __future__ import annotations
@@ -183,13 +184,15 @@ class AsyncDiLoCo(StreamingDiLoCo):
         applied, staleness = False, None
         if self.in_flight:
             staleness = index - self.in_flight[0][1]
-            if self._arrived() or due or last or staleness >= opts.max_staleness:
+            if self._arrived() or last or staleness >= opts.max_staleness:
                 self._finish(self.in_flight[0])  # waits only if it has not arrived
                 applied = True
-        if due and not last:
+        started = due and not last and not self.in_flight  # one in flight at a time: a due sync is skipped
+        if started:
             self._start(0, index)
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
-        return {"loss": loss, "outer_started": due and not last, "outer_applied": applied, "staleness": staleness}
+        return {"loss": loss, "outer_started": started, "outer_skipped": due and not last and not started,
+                "outer_applied": applied, "staleness": staleness}
 
     def _start(self, f: int, index: int) -> None:
         groups = self.ctx.groups
