@@ -255,6 +255,9 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
     known = {end.key for end in testbed.plan.link_ends if end.kind == "inter-dc"}
     if f"{a}->{b}" not in known:
         _fail(f"no direct link between {a} and {b} (links: {', '.join(sorted(known))})")
+    from testbed.fabric import cancel
+
+    cancel.install()  # Ctrl-C and SIGTERM clear the fault before the command ends (SIGKILL: `fault --clear`)
     driver = FaultDriver(testbed, [spec], "by-hand", 0, None, None, zero=time.time())
     try:
         driver.start()

@@ -156,3 +156,14 @@ def test_every_link_kind_is_applied_as_the_probe_and_status_see_it_and_cleared(p
     status = json.loads(run_cli("status", "--json", check=True).stdout)
     assert all(link["latency"] == "10ms" and link["bandwidth"] == "1gbit" and link["loss"] == "0%"
                for link in status["links"] if link["kind"] == "inter-dc")
+
+
+def test_sigterm_ends_the_fault_command_with_the_link_restored(prefix):
+    run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), check=True)
+    proc = _fault("partition", "east", "west", "--for", "60s")
+    _wait_for_fault_record(prefix)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert "partition east<->west: applied at" in out and "cleared at None" not in out, (out, err)
+    assert load_state(prefix).faults == {}
+    assert _pings(prefix, 20)["received"] == 20
