@@ -137,7 +137,7 @@ def test_every_link_kind_is_applied_as_the_probe_and_status_see_it_and_cleared(p
     slow = _while_in_force(prefix, ["latency", "east", "west", "--for", "4s", "--latency", "60ms", "--jitter", "1ms"],
                            lambda: _pings(prefix, 30))
     assert 119.0 <= sorted(slow["rtts"])[15] * 1e3 <= 124.0  # 60 ms each way (+-1 ms)
-    lossy = _while_in_force(prefix, ["loss-burst", "east", "west", "--for", "4s", "--loss", "50%"],
+    lossy = _while_in_force(prefix, ["loss-burst", "east", "west", "--for", "8s", "--loss", "50%"],
                             lambda: _pings(prefix, 200))
     assert 0.6 <= 1 - lossy["received"] / 200 <= 0.9  # both ways: 1 - 0.5 x 0.5 = 75 % of round trips lost
     status = _while_in_force(prefix, ["bandwidth", "east", "west", "--for", "3s", "--bandwidth", "10mbit"],
