@@ -78,7 +78,7 @@ def test_a_killed_rank_fails_its_cell_naming_the_timeline(prefix, tmp_path):
 def test_under_a_partition_flat_dp_stalls_while_async_diloco_keeps_stepping(prefix, tmp_path):
     faults = f"  - {{kind: partition, between: [east, west], at: 1s, duration: {PARTITION_S}s}}\n"
     strategies = "[flat-dp, {name: async, strategy: async-diloco, options: {inner_steps: 5, max_staleness: 200}}]"
-    proc = run_cli("run", str(experiment(tmp_path, faults, steps=60, strategies=strategies, topology=PAIR)),
+    proc = run_cli("run", str(experiment(tmp_path, faults, steps=100, strategies=strategies, topology=PAIR)),
                    "--out", str(tmp_path / "out"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = run_dir_of(tmp_path / "out")
