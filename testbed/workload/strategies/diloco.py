@@ -16,9 +16,9 @@ global fragment plus the local progress made since its sync started.
 async-diloco: the whole pseudo-gradient's cross-DC all-reduce starts every H steps in the background and is
 applied as soon as it has arrived (the DC's ranks agree on when, with a one-element all-reduce inside the DC
 each step), as streaming-diloco applies a fragment: the new global weights plus the local progress since. Inner
-steps go on meanwhile; one sync is in flight at a time (one that falls due meanwhile is skipped), and only when
-it is `max_staleness` steps old (or at the last step) does the DC wait for it. Across a partition the DCs keep
-training on their own until the bound.
+steps go on meanwhile; one sync is in flight at a time (one that falls due meanwhile starts when it is applied:
+every DC issues the same syncs in the same order), and only when it is `max_staleness` steps old (or at the last
+step) does the DC wait for it. Across a partition the DCs keep training on their own until the bound.
 """
 
 from __future__ import annotations
@@ -165,6 +165,7 @@ class AsyncDiLoCo(StreamingDiLoCo):
         self.fragments = [list(range(len(self.params)))]
         self.outers = [_outer_optimizer(self.global_params, ctx.opts.outer_lr, ctx.opts.outer_momentum)]
         self.in_flight = []
+        self.owed = 0  # syncs that fell due and have not started (one is in flight at a time)
 
     def _arrived(self) -> bool:
         """Whether the sync in flight has arrived on every rank of this DC (they must apply it at the same step)."""
@@ -176,23 +177,34 @@ class AsyncDiLoCo(StreamingDiLoCo):
         return bool(flag.item())
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        """Every DC issues the same syncs in the same order (one per H steps but the last step's), whatever
+        arrives when: a sync that falls due while one is in flight starts once that one is applied, and at the last
+        step every sync still owed is run and waited for. The DCs cannot agree on anything during a partition, so
+        nothing here depends on when another DC's data arrived except when a DC waits."""
         loss = self.inner_step(index, micro_batches)
         opts = self.ctx.opts
         last = index == opts.steps - 1
-        due = (index + 1) % max(1, opts.inner_steps) == 0
+        if (index + 1) % max(1, opts.inner_steps) == 0 and not last:
+            self.owed += 1
         start = time.perf_counter()
-        applied, staleness = False, None
+        applied, started, staleness = 0, 0, None
         if self.in_flight:
             staleness = index - self.in_flight[0][1]
-            if self._arrived() or last or staleness >= opts.max_staleness:
+            if last or staleness >= opts.max_staleness or self._arrived():
                 self._finish(self.in_flight[0])  # waits only if it has not arrived
-                applied = True
-        started = due and not last and not self.in_flight  # one in flight at a time: a due sync is skipped
-        if started:
+                applied += 1
+        if not self.in_flight and self.owed:
             self._start(0, index)
+            self.owed, started = self.owed - 1, 1
+        while last and (self.in_flight or self.owed):  # the end: settle every sync owed, in order
+            if self.in_flight:
+                self._finish(self.in_flight[0])
+                applied += 1
+            if self.owed:
+                self._start(0, index)
+                self.owed, started = self.owed - 1, started + 1
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
-        return {"loss": loss, "outer_started": started, "outer_skipped": due and not last and not started,
-                "outer_applied": applied, "staleness": staleness}
+        return {"loss": loss, "outer_started": started, "outer_applied": applied, "staleness": staleness}
 
     def _start(self, f: int, index: int) -> None:
         groups = self.ctx.groups
