@@ -101,7 +101,7 @@ def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> 
         if number in sent and number not in received and stamp == sent[number]:
             received.add(number)
             rtts.append((arrival - stamp) / 1e9)
-    return {"sent": count, "received": len(received), "rtts": rtts}
+    return {"sent": count, "received": len(received), "rtts": rtts, "lost": sorted(set(range(count)) - received)}
 
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)

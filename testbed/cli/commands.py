@@ -212,6 +212,68 @@ def shape(a: str = typer.Argument(..., help="DC at one end"), b: str = typer.Arg
 
 
 @app.command()
+def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burst | latency | bandwidth | flap"),
+          a: Optional[str] = typer.Argument(None, help="DC at one end"),
+          b: Optional[str] = typer.Argument(None, help="DC at the other"),
+          for_: Optional[str] = typer.Option(None, "--for", help="How long, e.g. 3s"),
+          loss: Optional[str] = typer.Option(None, help="loss-burst: e.g. 20%"),
+          latency: Optional[str] = typer.Option(None, help="latency: one-way, e.g. 80ms"),
+          jitter: Optional[str] = typer.Option(None, help="latency: e.g. 5ms"),
+          bandwidth: Optional[str] = typer.Option(None, help="bandwidth: e.g. 10mbit"),
+          period: Optional[str] = typer.Option(None, help="flap: e.g. 1s"),
+          down: Optional[str] = typer.Option(None, help="flap: how long each period the link is down, e.g. 200ms"),
+          clear: bool = typer.Option(False, "--clear", help="Restore every link fault still in force (after a "
+                                                            "fault command was killed)."),
+          prefix: str = PrefixOption) -> None:
+    """A link fault on a running testbed, by hand: testbed fault partition east west --for 3s"""
+    from testbed.fabric.lifecycle import attach
+
+    testbed = _guard(lambda: attach(prefix))
+    if clear:
+        if kind is not None:
+            _fail("--clear: restores every fault in force; give no KIND")
+        cleared = _guard(testbed.clear_faults)
+        out.print(f"[green]cleared[/green] {len(cleared)} faults" + (f" ({', '.join(cleared)})" if cleared else ""))
+        return
+    import time
+
+    from testbed.runner.faults import FaultDriver
+    from testbed.spec.errors import SpecError
+    from testbed.spec.faults import LINK_KINDS, Fault
+    from testbed.spec.loader import validate_data
+
+    if kind not in LINK_KINDS or a is None or b is None:
+        _fail(f"KIND A B: give one of {', '.join(LINK_KINDS)} and the two DCs of a link (or --clear)")
+    given = {"duration": for_, "loss": loss, "latency": latency, "jitter": jitter, "bandwidth": bandwidth,
+             "period": period, "down": down}
+    try:
+        data = {"kind": kind, "between": [a, b], "at": 0, **{k: v for k, v in given.items() if v is not None}}
+        spec = validate_data(Fault, data, "testbed fault")
+    except SpecError as error:
+        flag = "--for" if error.field == "duration" else f"--{error.field}"
+        _fail(f"{flag}: {error.problem}".replace("duration", "--for"))
+    known = {end.key for end in testbed.plan.link_ends if end.kind == "inter-dc"}
+    if f"{a}->{b}" not in known:
+        _fail(f"no direct link between {a} and {b} (links: {', '.join(sorted(known))})")
+    from testbed.fabric import cancel
+
+    cancel.install()  # Ctrl-C and SIGTERM clear the fault before the command ends (SIGKILL: `fault --clear`)
+    driver = FaultDriver(testbed, [spec], "by-hand", 0, None, None, zero=time.time())
+    try:
+        driver.start()
+        driver.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        record = driver.stop()
+    for entry in record["faults"]:
+        out.print(f"{entry['kind']} {entry['target']}: applied at {entry['applied_at']}s, "
+                  f"cleared at {entry['cleared_at']}s")
+    if record["errors"]:
+        _fail("; ".join(record["errors"]))
+
+
+@app.command()
 def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topology up, probe, tear down. "
                                                                 "Without it: probe the running testbed."),
           as_json: bool = typer.Option(False, "--json"),

@@ -15,7 +15,12 @@ Per cell (steps after the warm-up only):
 - final_loss and the loss curve;
 - delay_late_p99_ms: how late the userspace delay line itself released packets (p99 on the cell's worst link;
   flagged when above max(5 % of that link's delay, 1 ms)): emulator error, as opposed to the endpoints' own
-  scheduling. netem keeps no such figure.
+  scheduling. netem keeps no such figure;
+- stall_s: what the measured steps slower than STALL_FACTOR x the median step took beyond the median (a
+  partition, a killed peer's timeout, a straggler); effective_time_ratio: the median step times the measured
+  steps over their summed wall time (productive step time over wall time: 1.0 when nothing stalled);
+- faults_applied and fault_late_max_ms: how many scheduled fault windows were applied (faults.json) and the
+  latest one's delay after its schedule.
 """
 
 from __future__ import annotations
@@ -85,6 +90,26 @@ def _mean_gb(per_step: pd.DataFrame, name: str) -> float | None:
     return float(per_step[name].mean()) / 1e9 if name in per_step else None
 
 
+STALL_FACTOR = 2.0  # a step slower than this many medians stalled
+
+
+def stall_figures(walls: pd.Series) -> dict[str, float]:
+    """stall_s and effective_time_ratio of a cell from its measured steps' wall times (see the module's doc)."""
+    median = float(walls.median())
+    slow = walls[walls > STALL_FACTOR * median]
+    return {"stall_s": float((slow - median).sum()),
+            "effective_time_ratio": median * len(walls) / float(walls.sum()) if walls.sum() > 0 else float("nan")}
+
+
+def fault_figures(result: dict) -> dict:
+    """How many fault windows the cell applied and the worst delay after schedule (nothing without faults)."""
+    entries = [e for e in (result.get("faults") or {}).get("faults", []) if e.get("applied_at") is not None]
+    if not entries:
+        return {}
+    late = [e["applied_at"] - e["scheduled_at"] for e in entries if e.get("scheduled_at") is not None]
+    return {"faults_applied": len(entries), "fault_late_max_ms": max(late) * 1e3 if late else float("nan")}
+
+
 def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """One row per cell with the derived figures (see module docstring)."""
     sweep_keys = _sweep_columns(results)
@@ -101,6 +126,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
         for key, value in link_bytes.items():
             row[f"bytes[{key}]"] = value["tx_bytes"]
         row.update(worst_lateness(result))
+        row.update(fault_figures(result))
         mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps
         mine = mine.dropna(subset=[c for c in STEP_REQUIRED if c in mine]) if not mine.empty else mine
         if result["status"] == "ok" and not mine.empty and all(c in mine for c in STEP_REQUIRED):
@@ -118,6 +144,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
                 "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
                 "workload_wire_inter_gb_per_step": _mean_gb(per_step, "wire"),
                 "workload_payload_inter_gb_per_step": _mean_gb(per_step, "payload"),
+                **stall_figures(per_step["wall"]),
             })
             if "pipeline_s" in measured and measured["pipeline_s"].notna().any():
                 pp = measured.dropna(subset=["pipeline_s"])

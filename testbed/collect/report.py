@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.collect.faults import fault_windows, sdc_table, timeline_plot
 from testbed.collect.frames import aggregate, load_results, load_steps, summarise
 from testbed.collect.gates import check_line, check_thresholds
 
@@ -196,7 +197,8 @@ def build_report(run_dir: Path) -> Path:
     agg.to_csv(run_dir / "summary_by_point.csv", index=False)
     checks = check_thresholds(manifest, agg) if manifest.get("experiment_text") else []
     (run_dir / "thresholds.json").write_text(json.dumps(checks, indent=1))
-    images = plots(run_dir, summary, agg, steps)
+    images = plots(run_dir, summary, agg, steps) + timeline_plot(run_dir, results, steps, _plt())
+    windows, sdc = fault_windows(results), sdc_table(results)
     notes = reading(summary, agg)
     calibration = []
     for result in results:
@@ -226,17 +228,25 @@ def build_report(run_dir: Path) -> Path:
            links.to_markdown(index=False) if not links.empty else "(none)", ""]
     if not cal.empty:
         md += ["## Link calibration per cell", "", cal.to_markdown(index=False, floatfmt=".3f"), ""]
+    if not windows.empty:
+        md += ["## Faults (seconds on each cell's clock)", "", windows.to_markdown(index=False, floatfmt=".3f"), ""]
+    if not sdc.empty:
+        md += ["## Silent data corruption", "", sdc.to_markdown(index=False), ""]
     late = lateness_table(results)
     md += ["## Emulator lateness (userspace delay line, during each cell)", "", LATENESS_TEXT, "",
            late.to_markdown(index=False, floatfmt=".3f") if not late.empty else NO_LATENESS, ""]
     (run_dir / "report.md").write_text("\n".join(md))
+    extra = "".join(f"<h2>{html.escape(title)}</h2>{frame.to_html(index=False, float_format=lambda v: f'{v:.3f}')}"
+                    for title, frame in (("Faults (seconds on each cell's clock)", windows),
+                                         ("Silent data corruption", sdc)) if not frame.empty)
     (run_dir / "report.html").write_text(_html(manifest, run_dir, notes, checks, main_table, images, links, cal,
-                                               late))
+                                               late, extra))
     return run_dir / "report.html"
 
 
 def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], table: pd.DataFrame,
-          images: list[tuple[str, str]], links: pd.DataFrame, cal: pd.DataFrame, late: pd.DataFrame) -> str:
+          images: list[tuple[str, str]], links: pd.DataFrame, cal: pd.DataFrame, late: pd.DataFrame,
+          extra: str = "") -> str:
     esc = html.escape
 
     def md_bold(text: str) -> str:
@@ -258,6 +268,6 @@ img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail
 <h2>Links as the topology sets them (cells apply their sweep values; see the calibration)</h2>
 {links.to_html(index=False)}
 {'<h2>Link calibration per cell</h2>' + cal.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not cal.empty else ''}
-<h2>Emulator lateness (userspace delay line, during each cell)</h2><p>{esc(LATENESS_TEXT)}</p>
+{extra}<h2>Emulator lateness (userspace delay line, during each cell)</h2><p>{esc(LATENESS_TEXT)}</p>
 {late.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not late.empty else f'<p>{esc(NO_LATENESS)}</p>'}
 </body></html>"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from testbed.agents.tc import LinkCounters
@@ -21,6 +21,7 @@ class Fabric(ABC):
     what is applied as links are re-shaped."""
 
     plan: NetworkPlan | None
+    link_faults: ClassVar[bool] = False  # whether impair() can drop, delay or throttle a link on demand
 
     @abstractmethod
     def up(self, plan: Any, state: FabricState) -> None:
@@ -43,6 +44,13 @@ class Fabric(ABC):
 
     @abstractmethod
     def shape(self, key: str, params: LinkParams) -> None: ...
+
+    def impair(self, key: str, params: LinkParams) -> None:
+        """Give direction `key` a fault's parameters live (testbed.plan.faults.impaired: a partition is loss
+        100 % on the link end), or its own again when the fault clears. A backend that cannot says so."""
+        from testbed.fabric.errors import NotSupported
+
+        raise NotSupported(f"link faults are not supported by {type(self).__name__}")
 
     @abstractmethod
     def counters(self) -> dict[str, LinkCounters]: ...

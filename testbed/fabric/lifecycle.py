@@ -7,7 +7,7 @@ state again if that fails and nothing is left to undo."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from testbed.fabric import registry
 from testbed.fabric import state as state_store
 from testbed.fabric.backend import Backend, BackendOptions, Progress
 from testbed.fabric.base import Fabric
-from testbed.fabric.errors import FabricError
+from testbed.fabric.errors import FabricError, NotSupported
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
@@ -88,6 +88,50 @@ class Testbed:
         assert self.fabric.plan is not None
         self.plan = self.fabric.plan  # the fabric keeps its plan true to what is applied
 
+    def apply_fault(self, fault_id: str, impaired: dict[str, LinkParams]) -> None:
+        """Give each direction of `impaired` a fault's parameters; recorded in the state file (with what each
+        direction carried before) before anything changes, so `fault --clear`, `down` and `clean` after a crash
+        or SIGKILL restore the link exactly. Refused where the backend cannot impose link faults."""
+        if not self.fabric.link_faults:
+            raise NotSupported(f"link faults are not supported on the {self.state.backend} backend")
+        if fault_id in self.state.faults:
+            raise FabricError(f"fault {fault_id} is already in force")
+        self.state.faults[fault_id] = {key: {"original": asdict(self._original(key)), "impaired": asdict(params)}
+                                       for key, params in impaired.items()}
+        state_store.save(self.state)  # first: a crash from here on leaves the record `clear` needs
+        for key, params in impaired.items():
+            self.fabric.impair(key, params)
+        assert self.fabric.plan is not None
+        self.plan = self.fabric.plan
+
+    def clear_fault(self, fault_id: str) -> None:
+        """Take fault `fault_id` off its directions: each gets back what it carried before, or the fault still
+        in force on it that was applied last. The record goes only once the links are restored."""
+        record = self.state.faults.get(fault_id)
+        if record is None:
+            return
+        for key, entry in record.items():
+            others = [r[key]["impaired"] for other, r in self.state.faults.items() if other != fault_id and key in r]
+            self.fabric.impair(key, LinkParams(**(others[-1] if others else entry["original"])))
+        del self.state.faults[fault_id]
+        state_store.save(self.state)
+        assert self.fabric.plan is not None
+        self.plan = self.fabric.plan
+
+    def clear_faults(self) -> list[str]:
+        """Clear every link fault in force (latest first); their ids."""
+        ids = list(self.state.faults)
+        for fault_id in reversed(ids):
+            self.clear_fault(fault_id)
+        return ids
+
+    def _original(self, key: str) -> LinkParams:
+        """What direction `key` carries without any fault."""
+        for record in self.state.faults.values():
+            if key in record:
+                return LinkParams(**record[key]["original"])
+        return self.plan.link_end(key).shaping.params
+
     def change(self, key: str, **changes: Any) -> LinkParams:
         """`shape` with some fields of the direction's current parameters replaced; returns the new ones."""
         params = replace(self.plan.link_end(key).shaping.params, **changes)
@@ -139,7 +183,7 @@ def attach(prefix: str) -> Testbed:
     backend = registry.get(saved.backend).from_state(saved)
     fabric = backend.make_fabric(prefix, topology)
     fabric.attach(plan_of(backend, topology, saved.shaper, prefix, saved.topology_file or topology.name,
-                        saved.override_params()), saved)
+                        saved.applied_params()), saved)
     assert fabric.plan is not None
     return Testbed(topology, fabric.plan, fabric, saved)
 

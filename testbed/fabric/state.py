@@ -49,9 +49,19 @@ class FabricState:
     topology_file: str | None = None
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # direction key -> LinkParams
     backend_state: BackendState = field(default_factory=BackendState)
+    # link faults in force, in the order applied: fault id -> direction key -> {"original", "impaired"} (LinkParams
+    # fields), written before the change is made, so that a later process can restore the link exactly
+    faults: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
 
     def override_params(self) -> dict[str, LinkParams]:
         return {key: LinkParams(**value) for key, value in self.overrides.items()}
+
+    def applied_params(self) -> dict[str, LinkParams]:
+        """What the links carry now: the overrides, and over them every fault in force (the latest applied wins)."""
+        applied = self.override_params()
+        for record in self.faults.values():
+            applied.update({key: LinkParams(**entry["impaired"]) for key, entry in record.items()})
+        return applied
 
     def set_override(self, key: str, params: LinkParams) -> None:
         self.overrides[key] = asdict(params)

@@ -29,11 +29,15 @@ from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel, registry
 from testbed.fabric.backend import Backend
+from testbed.fabric.errors import NotSupported
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
+from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
+from testbed.runner.faults import FaultDriver
 from testbed.runner.probe import as_records, probe_all
 from testbed.runner.ranks import RankGroup, rank_layout
 from testbed.spec.experiment import Experiment, load_experiment
+from testbed.spec.faults import Fault
 from testbed.spec.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,9 +128,67 @@ def reshape(testbed: Testbed, cell: Cell) -> None:
             testbed.shape(key, params)
 
 
+PG_TIMEOUT_S = 300.0  # the workload's process-group timeout without faults (its own default)
+PG_TIMEOUT_MARGIN_S = 60.0  # beyond the longest partition: TCP's retransmission back-off after it clears
+
+
+def pg_timeout(faults: list[Fault]) -> float:
+    """The process-group timeout of a cell: long enough that no collective gives up during a declared partition
+    (or a flap's down window), so training rides it out instead of failing."""
+    return max(PG_TIMEOUT_S, longest_partition(faults) + PG_TIMEOUT_MARGIN_S)
+
+
+def sdc_env(faults: list[Fault], cell_id: str, seed: int, replay: float = 0.0) -> dict[str, str]:
+    """TESTBED_SDC (the corruptions the workload injects, each with its fault's seed), TESTBED_SDC_CHECK (the
+    checks run in every cell that has one) and TESTBED_SDC_REPLAY (the share of steps replayed unasked); nothing
+    without SDC faults."""
+    items = [{"rank": f.rank, "step": f.at.step, "target": f.target, "bit": f.bit, "tensor": f.tensor,
+              "index": f.index, "seed": fault_seed(seed, cell_id, i)} for i, f in enumerate(faults) if f.kind == "sdc"]
+    if not items:
+        return {}
+    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": f"{replay:g}"}
+
+
+def sdc_record(metrics_dir: Path) -> list[dict]:
+    """result.json's `sdc`: every injection with what caught it (detected_by, classification; none: missed), then
+    every detection no injection explains (a false positive, target null)."""
+    injected, detected = [], []
+    for path in sorted(metrics_dir.glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if '"event": "sdc_' not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "sdc_injected":
+                injected.append(record)
+            elif record.get("event") == "sdc_detected":
+                detected.append(record)
+    out, explained = [], set()
+    for item in sorted(injected, key=lambda r: (r["step"], r["rank"])):
+        hits = [i for i, d in enumerate(detected) if d["rank"] == item["rank"] and d["target"] == item["target"]
+                and d["step"] >= item["step"] and i not in explained]
+        first = hits[0] if hits else None
+        if first is not None:
+            explained.add(first)
+        found = detected[first] if first is not None else {}
+        out.append({"rank": item["rank"], "step": item["step"], "target": item["target"], "tensor": item["tensor"],
+                    "index": item["index"], "bit": item["bit"], "detected_by": found.get("detected_by"),
+                    "detected_at_step": found.get("step"), "classification": found.get("classification", "missed")})
+    for i, found in enumerate(detected):
+        if i not in explained:
+            out.append({"rank": found["rank"], "step": found["step"], "target": None, "detected_by": found["detected_by"],
+                        "detected_at_step": found["step"], "classification": found["classification"]})
+    return out
+
+
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
-             ranks_per_node: int, on_tick: Callable[[Path], None] | None = None) -> dict:
-    """Run one cell; returns its result record (also written to cell_dir/result.json)."""
+             ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
+             seed: int = 0, sdc_replay: float = 0.0) -> dict:
+    """Run one cell, with `faults` on their schedule; returns its result record (also written to
+    cell_dir/result.json)."""
+    faults = faults or []
     if cell_dir.exists():
         shutil.rmtree(cell_dir)  # an incomplete earlier attempt
     metrics_dir, log_dir = cell_dir / "metrics", cell_dir / "logs"
@@ -136,9 +198,12 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     probe = calibrate(testbed, calibration)
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
-    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir)
+    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir,
+                        extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay)})
     group = RankGroup(testbed.fabric, specs, argv, log_dir)
+    driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json", group.signal)
     try:
+        driver.start()
         def health() -> str | None:
             cancel.check()
             dead = testbed.fabric.dead_delay_lines()
@@ -146,17 +211,25 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
 
         outcome = group.watch(timeout, on_tick=(lambda: on_tick(metrics_dir)) if on_tick else None, health=health)
     finally:
-        group.close()
+        try:
+            fault_record = driver.stop()  # every link fault cleared before the next cell, also on failure
+        finally:
+            group.close()
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
     lateness = delay_line_lateness(testbed, late_before, testbed.fabric.delay_line_stats())
+    killed = [e["target"] for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None]
+    if not outcome.ok and outcome.failed_rank is not None and f"rank {outcome.failed_rank}" in killed:
+        outcome.reason += " (killed by the faults: timeline)"
+    if outcome.ok and fault_record["errors"]:  # the cell did not run under the faults it declares
+        outcome.ok, outcome.reason = False, "fault not applied: " + "; ".join(fault_record["errors"])
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
               "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
               "seconds": outcome.seconds, "started": started, "calibration": probe,
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
-              "delay_line": lateness,
+              "delay_line": lateness, "faults": fault_record, "sdc": sdc_record(metrics_dir),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
@@ -191,6 +264,11 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     if progress:
         progress.start(len(cells), len(cells) - len(todo), run_dir)
     with fabric(topology, path, prefix, shaper, backend) as testbed:
+        if any(f.kind != "sdc" for f in experiment.faults) and not testbed.fabric.link_faults:
+            # link faults need Fabric.impair; rank faults, rank 0's metrics as they are written and signals to
+            # the ranks' process groups: all on this machine's netns fabric only for now
+            raise NotSupported(f"{path}: faults: link and rank faults are not supported on the "
+                               f"{testbed.state.backend} backend (sdc is)")
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         for cell in todo:
@@ -200,7 +278,9 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                 progress.cell(cell)
             result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
                               experiment.calibrate, experiment.workload.ranks_per_node,
-                              on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None)
+                              on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None,
+                              faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
+                              sdc_replay=experiment.sdc_replay)
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)

@@ -28,10 +28,10 @@ class RunProgress:
 
     def tick(self, metrics_dir: Path, steps: int) -> None:
         try:
-            lines = (metrics_dir / "rank0.jsonl").read_text().count("\n")
+            done = (metrics_dir / "rank0.jsonl").read_text().count('"event": "step"')
         except OSError:
             return
-        self.bar.update(self.steps, completed=max(0, lines - 1))
+        self.bar.update(self.steps, completed=done)
 
     def done(self, cell, result: dict) -> None:
         self.bar.advance(self.cells)

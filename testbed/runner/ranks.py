@@ -116,6 +116,20 @@ class RankGroup:
                 on_tick()
             time.sleep(0.1)
 
+    def signal(self, rank: int, number: int) -> None:
+        """Send signal `number` to rank `rank`'s whole process group (a fault: SIGKILL, SIGSTOP, SIGCONT); a
+        rank on another machine can only be killed."""
+        proc = self.procs[rank]
+        if isinstance(proc, subprocess.Popen):
+            os.killpg(proc.pid, number)
+        elif number == signal.SIGKILL:
+            proc.kill()
+        else:
+            from testbed.fabric.errors import NotSupported
+
+            raise NotSupported(f"rank {rank} runs on another machine: only SIGKILL reaches it, not "
+                               f"{signal.Signals(number).name}")
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:

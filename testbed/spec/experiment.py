@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from testbed.spec import units
 from testbed.spec.errors import SpecError
+from testbed.spec.faults import Fault
 from testbed.spec.loader import load_yaml, validate_data
 from testbed.spec.strategies import OPTIONS, STRATEGIES, OptionError, Options, check_option, check_options, problem_of
 from testbed.spec.topology import Topology, load_topology, topology_from_data
@@ -25,6 +26,7 @@ LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distanc
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
+SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")  # where replicas are bit-identical after every step
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -149,6 +151,13 @@ class Experiment(BaseModel):
     calibrate: Literal["rtt", "full", "none"] = "rtt"
     cell_timeout: float = Field(300.0, gt=0)
     thresholds: list[Threshold] = []
+    faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
+    sdc_replay: float = 0.0  # with sdc faults: the share of steps each rank replays unasked (testbed.workload.sdc)
+
+    @field_validator("sdc_replay", mode="before")
+    @classmethod
+    def _replay_share(cls, value: Any) -> float:
+        return units.parse_fraction(value)
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -167,7 +176,28 @@ class Experiment(BaseModel):
             self._check_sweep(key, values)
         for index, threshold in enumerate(self.thresholds):
             self._check_threshold(f"thresholds[{index}]", threshold)
+        for index, fault in enumerate(self.faults):
+            if fault.kind == "sdc":
+                self._check_sdc(f"faults[{index}]", fault)
+        for index, fault in enumerate(self.faults):
+            dark = fault.duration if fault.kind == "partition" else fault.down if fault.kind == "flap" else None
+            if dark is not None and dark >= self.cell_timeout:
+                raise ValueError(f"faults[{index}].{'duration' if fault.kind == 'partition' else 'down'}: the link "
+                                 f"is dark for {dark:g} s, as long as cell_timeout ({self.cell_timeout:g} s) or longer")
+        if self.sdc_replay and not any(fault.kind == "sdc" for fault in self.faults):
+            raise ValueError("sdc_replay: replays check for silent data corruption: add an sdc fault to faults:")
         return self
+
+    def _check_sdc(self, field: str, fault: Fault) -> None:
+        """Silent data corruption is injected and checked where replicas are identical (testbed.workload.sdc)."""
+        for spec in self.strategies:
+            strategy = spec.workload_strategy
+            if strategy not in SDC_STRATEGIES:
+                raise ValueError(f"{field}.kind: sdc is injected and checked in {', '.join(SDC_STRATEGIES)} only, "
+                                 f"not {strategy} (strategy {spec.name})")
+            if fault.target == "gradient" and strategy == "hier-dp-overlap":
+                raise ValueError(f"{field}.target: hier-dp-overlap reduces gradients during backward, so a gradient "
+                                 "cannot be corrupted before its collective (target: parameter can)")
 
     def _check_sweep(self, key: str, values: list[Any]) -> None:
         if not values:
@@ -274,6 +304,7 @@ class Experiment(BaseModel):
             if self.workload.warmup_steps >= int(steps):
                 raise SpecError(source, "workload.warmup_steps",
                                 f"{self.workload.warmup_steps} leaves no measured step of {steps}{at}")
+            self._check_fault_steps(int(steps), sum(sizes), at, source)
             for index in range(len(self.strategies)):
                 try:
                     check_options(Options(**self.cell_options(index, point)), sizes, names)
@@ -284,6 +315,33 @@ class Experiment(BaseModel):
                 except OptionError as error:
                     field, note = self.field_of(index, point, error.field)
                     raise SpecError(source, field, f"{error}{note}{at}") from None
+
+    def _check_fault_steps(self, steps: int, world: int, at: str, source: Path | None) -> None:
+        """Every fault's rank among the cell's ranks and its step among the cell's steps."""
+        for index, fault in enumerate(self.faults):
+            if fault.rank is not None and fault.rank >= world:
+                raise SpecError(source, f"faults[{index}].rank",
+                                f"rank {fault.rank} does not exist: the cells run ranks 0-{world - 1}")
+            if fault.at.step is not None and fault.at.step >= steps:
+                raise SpecError(source, f"faults[{index}].at",
+                                f"step {fault.at.step} is never reached: the cells run steps 0-{steps - 1}{at}")
+
+    def _check_fault_links(self, topology: Topology, source: Path | None) -> None:
+        """Every link fault names a link of the topology (a fault acts on one link, never a routed path)."""
+        for index, fault in enumerate(self.faults):
+            if fault.between is None:
+                continue
+            a, b = fault.between
+            for dc in (a, b):
+                if dc not in [d.name for d in topology.dcs]:
+                    raise SpecError(source, f"faults[{index}].between",
+                                    f"no DC named {dc!r} (DCs: {', '.join(d.name for d in topology.dcs)})")
+            try:
+                topology.find_link(a, b)
+            except KeyError:
+                known = ", ".join(f"[{x.between[0]},{x.between[1]}]" for x in topology.links)
+                raise SpecError(source, f"faults[{index}].between",
+                                f"no link between {a} and {b} (links: {known})") from None
 
     def load_topology(self, source: Path | None) -> Topology:
         """The topology: a file relative to the experiment file, or inline; checks sweep link names."""
@@ -302,6 +360,7 @@ class Experiment(BaseModel):
                 except KeyError:
                     known = ", ".join(f"[{x.between[0]},{x.between[1]}]" for x in topology.links)
                     raise SpecError(source, f"sweep.{key}", f"no link between {a} and {b} (links: {known})") from None
+        self._check_fault_links(topology, source)
         return topology
 
 

@@ -40,12 +40,14 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
     StrategyInfo("fsdp", "PyTorch FSDP2 (fully_shard) over all ranks: all-gather weights, reduce-scatter gradients"),
     StrategyInfo("hsdp", "PyTorch FSDP2 on a 2-D DeviceMesh: shard inside a DC, all-reduce the shards across DCs",
                  _RECTANGULAR_MESH),
+    StrategyInfo("async-diloco", "DiLoCo whose outer synchronisation runs in the background while inner steps go "
+                                 "on, up to max_staleness steps"),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")
 OVERLAP = ("hier-dp-overlap",)
 PP = ("pp",)
-DILOCO = ("diloco", "streaming-diloco")
+DILOCO = ("diloco", "streaming-diloco", "async-diloco")
 TORCH_NATIVE = ("ddp", "fsdp", "hsdp")  # PyTorch's own wrappers: they communicate from inside autograd's backward
 FSDP = ("fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
@@ -122,6 +124,8 @@ class Options:
     fragments: int = option(2, "parameter fragments synchronised in turn", strategies=("streaming-diloco",), ge=1)
     overlap_steps: int = option(1, "inner steps an outer synchronisation may take (tau)",
                                 strategies=("streaming-diloco",), ge=0)
+    max_staleness: int = option(20, "inner steps an outer synchronisation may lag before the DC waits for it",
+                                strategies=("async-diloco",), ge=1)
     # synthetic compute
     synthetic: bool = option(False, "replace forward/backward by a calibrated sleep (real bytes still move)",
                              place="workload", strict=True)

@@ -73,10 +73,13 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         parts = [data.samples(step, first, n, cfg.seq_len, opts.seed) for first, n in ranges]
         x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         micro = list(zip(x.to(device).split(opts.micro_batch), y.to(device).split(opts.micro_batch)))
+        writer.write({"event": "step_begin", "step": step, "rank": layout.rank, "time": time.time()})  # faults' clock
         meter.reset()
         start = time.perf_counter()
         result = strategy.step(step, micro)
         wall = time.perf_counter() - start
+        for event in result.pop("events", []):  # silent data corruption injected or caught (testbed.workload.sdc)
+            writer.write({**event, "time": time.time()})
         c = meter.reset()
         record = {"event": "step", "step": step, "rank": layout.rank, "dc": layout.dc,
                   "strategy": opts.strategy, "time": time.time(), "wall_s": wall,

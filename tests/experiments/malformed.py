@@ -88,6 +88,58 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
                             "strategies[1]", "its 2-D DeviceMesh (DCs x ranks per DC) must be rectangular"),
     "sweep_of_an_option_nobody_reads": (text("[flat-dp]", sweep="workload.chunks: [2, 4]"),
                                         "sweep.workload.chunks", "no strategy of this experiment uses chunks"),
+    # the faults: timeline (testbed.spec.faults)
+    "fault_of_unknown_kind": (text("[flat-dp]", extra="faults: [{kind: meteor, between: [east, west], at: 1s}]\n"),
+                              "faults[0].kind", "partition"),
+    "fault_at_neither_step_nor_time": (
+        text("[flat-dp]", extra="faults: [{kind: partition, between: [east, west], at: soon, duration: 1s}]\n"),
+        "faults[0].at", "'step N' or a time"),
+    "partition_without_duration": (text("[flat-dp]", extra="faults: [{kind: partition, between: [east, west], "
+                                                            "at: step 1}]\n"),
+                                   "faults[0].duration", "partition needs duration"),
+    "fault_field_its_kind_ignores": (
+        text("[flat-dp]", extra="faults: [{kind: partition, between: [east, west], at: 1s, duration: 1s, "
+                                "loss: 5%}]\n"),
+        "faults[0].loss", "partition does not take loss"),
+    "fault_on_a_link_that_does_not_exist": (
+        text("[flat-dp]", topology=THREE_UNEQUAL,
+             extra="faults: [{kind: partition, between: [a, c], at: 1s, duration: 1s}]\n"),
+        "faults[0].between", "no link between a and c"),
+    "fault_on_an_unknown_dc": (text("[flat-dp]", extra="faults: [{kind: latency, between: [east, north], "
+                                                       "at: 1s, duration: 1s, latency: 50ms}]\n"),
+                               "faults[0].between", "no DC named 'north'"),
+    "fault_rank_beyond_the_world": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 4, at: step 1}]\n"),
+                                    "faults[0].rank", "rank 4 does not exist"),
+    "fault_step_never_reached": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 1, at: step 4}]\n"),
+                                 "faults[0].at", "step 4 is never reached"),
+    "flap_down_longer_than_period": (
+        text("[flat-dp]", extra="faults: [{kind: flap, between: [east, west], at: 1s, duration: 4s, "
+                                "period: 1s, down: 2s}]\n"),
+        "faults[0].down", "between 0 and the period"),
+    "sdc_bit_beyond_float32": (text("[flat-dp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, "
+                                                       "target: gradient, bit: 32}]\n"),
+                               "faults[0].bit", "bits 0-31"),
+    "sdc_at_a_time": (text("[flat-dp]", extra="faults: [{kind: sdc, rank: 1, at: 2s, target: parameter, "
+                                              "bit: 30}]\n"),
+                      "faults[0].at", "injected at a step"),
+    "sdc_in_a_strategy_without_replicas": (text("[flat-dp, pp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, "
+                                                                     "target: parameter, bit: 30}]\n"),
+                                           "faults[0].kind", "not pp"),
+    "gradient_sdc_where_buckets_leave_in_backward": (
+        text("[hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
+        "faults[0].target", "during backward"),
+    "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),
+    "sdc_replay_beyond_every_step": (text("[flat-dp]", extra="sdc_replay: 150%\n"), "sdc_replay",
+                                     "between 0% and 100%"),
+    "partition_outlasting_the_cell": (text("[flat-dp]", extra="cell_timeout: 60\nfaults: [{kind: partition, "
+                                                           "between: [east, west], at: 1s, duration: 2min}]\n"),
+                                      "faults[0].duration", "as long as cell_timeout"),
+    "loss_burst_of_nothing": (text("[flat-dp]", extra="faults: [{kind: loss-burst, between: [east, west], "
+                                                      "at: 1s, duration: 1s, loss: 0%}]\n"),
+                              "faults[0].loss", "more than 0%"),
+    "straggler_that_is_not_slower": (text("[flat-dp]", extra="faults: [{kind: straggler, rank: 0, at: step 1, "
+                                                             "duration: 1s, slowdown: 0.5}]\n"),
+                                     "faults[0].slowdown", "more than 1"),
 }
 
 

@@ -198,6 +198,32 @@ def test_live_shape_changes_the_qdisc_in_place_and_the_probe_sees_it(three_dc):
     assert link["latency"] == "25ms" and link["bandwidth"] == "80mbit" and link["mechanism"] == "htb+netem"
 
 
+def test_a_partition_is_netem_loss_on_both_ends_and_clear_restores_the_same_qdisc(three_dc):
+    """`testbed fault` on netem: 100 % loss on both link ends (tc change, not a rebuild), nothing gets through;
+    after SIGKILL of the command the partition stays, and `fault --clear` restores the link from the state file."""
+    prefix = three_dc.prefix
+    ends = [(f"{prefix}east-gw", "to-west"), (f"{prefix}west-gw", "to-east")]
+    pings(attach(prefix), "east-0", "west-0", 20, 0.005)
+    sent_before = [qdisc_sent_bytes(*end) for end in ends]
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "fault", "partition", "east", "west", "--for",
+                             "300s"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not all("loss 100%" in netem_line(*end) for end in ends):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    dark = pings(attach(prefix), "east-0", "west-0", 20, 0.01)
+    assert dark["received"] == 0
+    run_cli("fault", "--clear", check=True)
+    for end, before in zip(ends, sent_before):
+        line = netem_line(*end)
+        assert "loss" not in line and "delay 10ms" in line, line
+        assert qdisc_sent_bytes(*end) >= before  # changed in place both ways
+    light = pings(attach(prefix), "east-0", "west-0", 50, 0.01)
+    assert light["received"] == 50
+
+
 def test_kernel_counters_move_with_traffic(three_dc):
     prefix = three_dc.prefix
     testbed = attach(prefix)

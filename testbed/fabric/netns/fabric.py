@@ -42,6 +42,8 @@ GATEWAY_SYSCTLS = {"net/ipv4/ip_forward": "1", "net/ipv4/conf/all/rp_filter": "0
 class NetnsFabric(Fabric):
     """Namespaces + veth + bridge per DC + gateway per DC, shaped with tc (and the userspace delay line)."""
 
+    link_faults = True  # a fault is a live change of the link end: netem's loss/delay/rate, or the delay line's
+
     def __init__(self, prefix: str, on_progress: Callable[[str], None] | None = None) -> None:
         self.prefix = prefix
         self.plan: NetworkPlan | None = None
@@ -190,16 +192,22 @@ class NetnsFabric(Fabric):
         new = plan_shaping(params, plan.shaper, delay_line=end.kind == "inter-dc")
         if new.delay_line is not None:
             self._reshape_delay_line(key, new.delay_line)
-        try:
-            with NetNS(end.ns) as ns:
-                change_tree(ns, ns.link_lookup(ifname=end.ifname)[0], end.shaping, new)
-        except NetlinkError as error:
-            raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
-        except KernelLacks as error:
-            raise FabricError(str(error)) from None
+        if new.tc != end.shaping.tc:  # a change of the delay line's loss or delay alone leaves the qdiscs as they are
+            try:
+                with NetNS(end.ns) as ns:
+                    change_tree(ns, ns.link_lookup(ifname=end.ifname)[0], end.shaping, new)
+            except NetlinkError as error:
+                raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
+            except KernelLacks as error:
+                raise FabricError(str(error)) from None
         # keep the plan true to the kernel, so a later shape/counters/status sees what is applied
         self.plan = dataclasses.replace(plan, link_ends=tuple(
             dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
+
+    def impair(self, key: str, params: LinkParams) -> None:
+        """A fault is a live change like `shape`: with netem its loss (100 %: a partition), delay or rate; with
+        the delay line its loss or delay (packets dropped or held in the receiving gateway) and HTB's rate."""
+        self.shape(key, params)
 
     def counters(self) -> dict[str, LinkCounters]:
         """Interface and qdisc counters of every shaped link end, keyed like the plan."""

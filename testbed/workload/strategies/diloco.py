@@ -12,6 +12,13 @@ streaming-diloco: the parameters are cut into fragments synchronised in turn (fr
 f*H/F, f*H/F + H, ...); each fragment's cross-DC all-reduce is started asynchronously and only applied
 `overlap_steps` inner steps later, so it hides behind them. On arrival the fragment becomes the new
 global fragment plus the local progress made since its sync started.
+
+async-diloco: the whole pseudo-gradient's cross-DC all-reduce starts every H steps in the background and is
+applied as soon as it has arrived (the DC's ranks agree on when, with a one-element all-reduce inside the DC
+each step), as streaming-diloco applies a fragment: the new global weights plus the local progress since. Inner
+steps go on meanwhile; one sync is in flight at a time (one that falls due meanwhile starts when it is applied:
+every DC issues the same syncs in the same order), and only when it is `max_staleness` steps old (or at the last
+step) does the DC wait for it. Across a partition the DCs keep training on their own until the bound.
 """
 
 from __future__ import annotations
@@ -147,3 +154,62 @@ class StreamingDiLoCo(DiLoCo):
         frag = self.fragments[f]
         progress = [self.params[i].detach() - snapshot[k] for k, i in enumerate(frag)]
         self.apply_outer(frag, delta / self.ctx.layout.num_dcs, self.outers[f], progress)
+
+
+class AsyncDiLoCo(StreamingDiLoCo):
+    name = "async-diloco"
+
+    def setup(self, ctx: Context) -> None:
+        DataParallel.setup(self, ctx)
+        self.global_params = [p.detach().clone() for p in self.params]
+        self.fragments = [list(range(len(self.params)))]
+        self.outers = [_outer_optimizer(self.global_params, ctx.opts.outer_lr, ctx.opts.outer_momentum)]
+        self.in_flight = []
+        self.owed = 0  # syncs that fell due and have not started (one is in flight at a time)
+
+    def _arrived(self) -> bool:
+        """Whether the sync in flight has arrived on every rank of this DC (they must apply it at the same step)."""
+        work = self.in_flight[0][2]
+        flag = torch.tensor([1 if work is None or work.is_completed() else 0], dtype=torch.int32)
+        groups = self.ctx.groups
+        if len(groups.intra_ranks) > 1:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=groups.intra)
+        return bool(flag.item())
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        """Every DC issues the same syncs in the same order (one per H steps but the last step's), whatever
+        arrives when: a sync that falls due while one is in flight starts once that one is applied, and at the last
+        step every sync still owed is run and waited for. The DCs cannot agree on anything during a partition, so
+        nothing here depends on when another DC's data arrived except when a DC waits."""
+        loss = self.inner_step(index, micro_batches)
+        opts = self.ctx.opts
+        last = index == opts.steps - 1
+        if (index + 1) % max(1, opts.inner_steps) == 0 and not last:
+            self.owed += 1
+        start = time.perf_counter()
+        applied, started, staleness = 0, 0, None
+        if self.in_flight:
+            staleness = index - self.in_flight[0][1]
+            if last or staleness >= opts.max_staleness or self._arrived():
+                self._finish(self.in_flight[0])  # waits only if it has not arrived
+                applied += 1
+        if not self.in_flight and self.owed:
+            self._start(0, index)
+            self.owed, started = self.owed - 1, 1
+        while last and (self.in_flight or self.owed):  # the end: settle every sync owed, in order
+            if self.in_flight:
+                self._finish(self.in_flight[0])
+                applied += 1
+            if self.owed:
+                self._start(0, index)
+                self.owed, started = self.owed - 1, started + 1
+        self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+        return {"loss": loss, "outer_started": started, "outer_applied": applied, "staleness": staleness}
+
+    def _start(self, f: int, index: int) -> None:
+        groups = self.ctx.groups
+        delta = torch.cat([(self.global_params[i] - self.params[i].detach()).reshape(-1) for i in self.fragments[0]])
+        delta *= self.ctx.layout.inter_weight  # a sum over the group then counts every DC once
+        snapshot = [p.detach().clone() for p in self.params]
+        work = self.ctx.comm.all_reduce_async(delta, groups.inter, groups.inter_ranks)
+        self.in_flight.append((f, index, work, delta, snapshot))

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import loss_fn
+from testbed.workload.sdc import Guard, checking_from_env, injections_from_env, replay_rate_from_env
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -42,6 +43,14 @@ class DataParallel(Strategy):
         self.optimizer = make_optimizer(self.params, ctx.opts)
         self.codec = make_codec(ctx.opts.compression)
         self._last_grads: dict[str, torch.Tensor] = {}
+        injections, check = injections_from_env(ctx.layout.rank), checking_from_env()
+        if any(item.target == "gradient" for item in injections) and not self.checks_gradients_before_sync:
+            raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
+                             "injected before its collective (target: parameter can)")
+        self.guard = Guard(ctx.layout.rank, self.names, self.params, dist.group.WORLD, list(range(ctx.layout.world)),
+                           injections, check, replay_rate_from_env(), ctx.opts.seed) if injections or check else None
+
+    checks_gradients_before_sync = True  # whether every gradient is final before the collective starts
 
     # --- compute -----------------------------------------------------------------------------------
     def compute(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
@@ -101,6 +110,9 @@ class DataParallel(Strategy):
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
         loss = self.compute(index, micro_batches)
+        if self.guard is not None and self.checks_gradients_before_sync:
+            replayed = self.guard.before_collective(index, lambda: self.compute(index, micro_batches))
+            loss = replayed if replayed is not None else loss
         start = time.perf_counter()
         self.sync()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
@@ -108,7 +120,11 @@ class DataParallel(Strategy):
             self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
         if self.ctx.synthetic_s is None:
             self.optimizer.step()
-        return {"loss": loss}
+        if self.guard is None:
+            return {"loss": loss}
+        self.guard.after_update(index)
+        events, seconds = self.guard.take()
+        return {"loss": loss, "sdc_check_s": seconds, "events": events}
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         return self._last_grads
@@ -137,6 +153,7 @@ class HierDP(DataParallel):
 
 class HierDPOverlap(DataParallel):
     name = "hier-dp-overlap"
+    checks_gradients_before_sync = False  # buckets leave during backward
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)

@@ -1,0 +1,210 @@
+"""Faults on a schedule, while a cell runs: link faults through the fabric (Testbed.apply_fault / clear_fault,
+recorded in the state file before each change), rank faults by signal (kill: SIGKILL; straggler: the rank's
+process group stopped and continued so that it runs 1/slowdown of the time), and `cells/<id>/faults.json`
+rewritten as each happens.
+
+The schedule is testbed.plan.faults' (pure); this module only watches the clock and rank 0's step starts
+(`step_begin` lines in its metrics) and acts. Times in faults.json are seconds on the cell's clock, whose zero is
+rank 0's start of step 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.atomic import write_text
+from testbed.fabric.lifecycle import Testbed
+from testbed.plan.faults import FaultAction, due, fault_seed, impaired, link_keys, schedule
+from testbed.spec.faults import Fault
+
+POLL_S = 0.01  # how often the driver looks at the clock and rank 0's metrics
+STRAGGLER_PERIOD_S = 0.1  # a straggler is stopped for (1 - 1/slowdown) of every such period
+
+Signal = Callable[[int, int], None]  # (rank, signal number)
+
+
+def step_starts(path: Path, offset: int, seen: dict[int, float]) -> int:
+    """Read rank 0's new `step_begin` lines from `path` (from byte `offset`) into `seen` (step -> time); the
+    new offset (a line cut at the end is read next time)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except OSError:
+        return offset
+    end = chunk.rfind(b"\n") + 1
+    for line in chunk[:end].splitlines():
+        if b'"step_begin"' in line:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            seen[int(record["step"])] = float(record["time"])
+    return offset + end
+
+
+def fault_id(index: int, window: int = 0) -> str:
+    return f"fault{index}" + (f".{window}" if window else "")
+
+
+class FaultDriver:
+    """Applies one cell's faults on their schedule in a thread; stop() clears whatever is still in force."""
+
+    def __init__(self, testbed: Testbed, faults: list[Fault], cell_id: str, workload_seed: int,
+                 metrics_dir: Path | None, record: Path | None, signal_rank: Signal | None = None,
+                 zero: float | None = None) -> None:
+        """`metrics_dir`: where rank 0 writes its step starts (None: no step anchors, as by hand); `zero`: the
+        clock's zero when it is known now (by hand), else rank 0's start of step 0."""
+        self.testbed, self.faults, self.record = testbed, faults, record
+        self.rank0 = metrics_dir / "rank0.jsonl" if metrics_dir is not None else None
+        self.signal_rank = signal_rank
+        self.actions = schedule(faults)
+        self.entries: list[dict[str, Any]] = [
+            {"index": i, "kind": f.kind, "target": f.target_name(), "at": str(f.at),
+             "seed": fault_seed(workload_seed, cell_id, i), "windows": []} for i, f in enumerate(faults)]
+        self.errors: list[str] = []
+        self.zero: float | None = zero
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stragglers: list[threading.Thread] = []
+        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
+
+    # --- the cell's side --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._write()
+        if self.actions:
+            self._thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        """Stop acting, clear every link fault still in force, continue stopped ranks; the faults.json record."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        for thread in self._stragglers:
+            thread.join(timeout=5)
+        for action in self.actions:
+            window = self._window(action)
+            if action.action == "clear" and window.get("applied_at") is not None and window.get("cleared_at") is None:
+                self._act(action, self._now(), late=True)
+        self._write()
+        return self.summary()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until every action has been taken (or `timeout`)."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def summary(self) -> dict[str, Any]:
+        """faults.json: one entry per fault (a flap: per down window) with kind, target, when it was due and
+        when it was applied and cleared, seconds on the cell's clock."""
+        flat = []
+        for entry in self.entries:
+            windows = entry["windows"] or [{"scheduled_at": None, "applied_at": None, "clear_scheduled_at": None,
+                                            "cleared_at": None}]
+            for number, window in enumerate(windows):
+                flat.append({**{k: v for k, v in entry.items() if k != "windows"},
+                             **({"window": number} if len(windows) > 1 else {}), **window})
+        return {"clock_zero": self.zero, "faults": flat, "errors": list(self.errors)}
+
+    # --- the thread -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        starts: dict[int, float] = {}
+        offset = 0
+        pending = list(self.actions)
+        while pending and not self._stop.is_set():
+            if self.rank0 is not None:
+                offset = step_starts(self.rank0, offset, starts)
+            if self.zero is None and 0 in starts:
+                self.zero = starts[0]
+            now = time.time()
+            for action in list(pending):
+                when = due(action, starts, self.zero)
+                if when is not None and now >= when:
+                    pending.remove(action)
+                    self._act(action, when)
+            self._stop.wait(POLL_S)
+
+    def _now(self) -> float:
+        return time.time()
+
+    def _cell_time(self, moment: float) -> float | None:
+        return None if self.zero is None else round(moment - self.zero, 4)
+
+    def _window(self, action: FaultAction) -> dict[str, Any]:
+        windows = self.entries[action.fault]["windows"]
+        while len(windows) <= action.window:
+            windows.append({"scheduled_at": None, "applied_at": None, "clear_scheduled_at": None, "cleared_at": None})
+        return windows[action.window]
+
+    def _act(self, action: FaultAction, when: float, late: bool = False) -> None:
+        fault = self.faults[action.fault]
+        window = self._window(action)
+        with self._lock:
+            try:
+                if action.action == "apply":
+                    window["scheduled_at"] = self._cell_time(when)
+                    self._apply(action, fault)
+                    window["applied_at"] = self._cell_time(time.time())
+                else:
+                    window["clear_scheduled_at"] = self._cell_time(when)
+                    if window.get("applied_at") is not None:
+                        self._clear(action, fault)
+                        window["cleared_at"] = self._cell_time(time.time())
+                        if late:
+                            window["cleared_when"] = "at the cell's end"
+            except Exception as error:
+                self.errors.append(f"{fault.kind} {fault.target_name()} ({action.action}): {error}")
+            self._write()
+
+    def _apply(self, action: FaultAction, fault: Fault) -> None:
+        if fault.is_link:
+            plan = self.testbed.plan
+            self.testbed.apply_fault(fault_id(action.fault, action.window),
+                                     {key: impaired(plan.link_end(key).shaping.params, fault)
+                                      for key in link_keys(fault)})
+        elif fault.kind == "kill":
+            self._signal(fault, signal.SIGKILL)
+        elif fault.kind == "straggler":
+            assert fault.duration is not None and fault.slowdown is not None
+            thread = threading.Thread(target=self._straggle, args=(fault, time.time() + fault.duration),
+                                      name=f"straggler{action.fault}", daemon=True)
+            self._stragglers.append(thread)
+            thread.start()
+
+    def _clear(self, action: FaultAction, fault: Fault) -> None:
+        if fault.is_link:
+            self.testbed.clear_fault(fault_id(action.fault, action.window))
+        # a straggler's own thread ends with its duration (or stop()); it marks nothing more
+
+    def _signal(self, fault: Fault, number: int) -> None:
+        if self.signal_rank is None:
+            raise RuntimeError("this run cannot signal its ranks")
+        assert fault.rank is not None
+        self.signal_rank(fault.rank, number)
+
+    def _straggle(self, fault: Fault, until: float) -> None:
+        """Stop and continue the rank so that it runs 1/slowdown of each period, until `until` or stop()."""
+        assert fault.slowdown is not None
+        running = STRAGGLER_PERIOD_S / fault.slowdown
+        try:
+            while not self._stop.is_set() and time.time() < until:
+                self._signal(fault, signal.SIGSTOP)
+                self._stop.wait(min(STRAGGLER_PERIOD_S - running, max(0.0, until - time.time())))
+                self._signal(fault, signal.SIGCONT)
+                self._stop.wait(running)
+        except Exception as error:
+            self.errors.append(f"straggler rank {fault.rank}: {error}")
+        finally:
+            try:
+                self._signal(fault, signal.SIGCONT)
+            except Exception:
+                pass
+
+    def _write(self) -> None:
+        if self.record is not None:
+            write_text(self.record, json.dumps(self.summary(), indent=1))

@@ -1,0 +1,228 @@
+"""Silent data corruption, injected and caught, in the data-parallel strategies.
+
+Injection: one bit of one float32 element of a gradient (after backward, before the collective) or a parameter
+(after the optimizer step) is flipped on one rank at one step (TESTBED_SDC, a JSON list the harness writes from
+the experiment's `faults:`; the element is the one named, else chosen by the fault's seed).
+
+Detection (TESTBED_SDC_CHECK=1), every step:
+- gradients, which an all-reduce would spread to every rank unnoticed: each rank checks its own gradient before
+  the collective; an anomaly is a non-finite norm, or a norm or largest element above GRAD_FACTOR times the
+  median of this rank's last HISTORY steps. The step's local gradient is then recomputed (a replay: samples
+  are a pure function of seed, step and index): the same bits again mean no corruption (`reproduced`: the
+  data's own spike), other bits mean the first was corrupt (`transient` when the replay passes, and its
+  gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). With
+  TESTBED_SDC_REPLAY = r each rank also replays a share r of its steps unasked (chosen by seed, rank and step),
+  which catches flips too small for the norm (mantissa and low exponent bits) on the steps it samples.
+- parameters, which replicas must hold bit for bit: a digest of every parameter's bytes (BLAKE2b, so any
+  flipped bit changes it) gathered from every rank; the ranks that differ from the
+  majority are named, every rank takes the parameters of a rank of the majority (the last good state), and the
+  checksums are compared again: transient when they agree, persistent when not.
+Events go to the rank's metrics as `sdc_injected` / `sdc_detected` lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+GRAD_FACTOR = 10.0  # a gradient norm (or largest element) this many times its recent median is an anomaly
+HISTORY = 20  # steps of each rank's gradient history the median is taken over
+
+
+@dataclass(frozen=True)
+class Injection:
+    rank: int
+    step: int
+    target: str  # "gradient" | "parameter"
+    bit: int
+    tensor: str | None = None
+    index: int | None = None
+    seed: int = 0
+
+
+def injections_from_env(rank: int) -> list[Injection]:
+    """This rank's injections from TESTBED_SDC."""
+    items = json.loads(os.environ.get("TESTBED_SDC") or "[]")
+    return [Injection(**item) for item in items if item["rank"] == rank]
+
+
+def checking_from_env() -> bool:
+    return os.environ.get("TESTBED_SDC_CHECK", "0") == "1"
+
+
+def replay_rate_from_env() -> float:
+    """TESTBED_SDC_REPLAY: the share of steps each rank replays unasked (0 to 1; default 0: on anomalies only)."""
+    rate = float(os.environ.get("TESTBED_SDC_REPLAY") or 0.0)
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"TESTBED_SDC_REPLAY: a share of steps between 0 and 1, got {rate}")
+    return rate
+
+
+def flip_bit(tensor: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
+    """Flip bit `bit` (0-31) of float32 element `index` of `tensor` in place; (value before, value after)."""
+    if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+        raise ValueError(f"bit flips are for contiguous float32 tensors, not {tensor.dtype}")
+    flat = tensor.detach().view(-1)
+    before = float(flat[index])
+    mask = torch.tensor((1 << bit) - (1 << 32 if bit == 31 else 0), dtype=torch.int32, device=tensor.device)
+    bits = flat.view(torch.int32)
+    bits[index] = torch.bitwise_xor(bits[index], mask)
+    return before, float(flat[index])
+
+
+def checksum(tensors: list[torch.Tensor]) -> int:
+    """A 63-bit digest (BLAKE2b) of the tensors' bytes in order: any flipped bit, or values changing places,
+    changes it."""
+    digest = hashlib.blake2b(digest_size=8)
+    for tensor in tensors:
+        digest.update(tensor.detach().contiguous().cpu().view(-1).numpy().tobytes())
+    return int.from_bytes(digest.digest(), "big") >> 1
+
+
+def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
+    """The positions whose value differs from the majority's, and the first position holding the majority's
+    value (None on a tie: no majority to trust, every position that differs from another is named)."""
+    counts = {value: values.count(value) for value in values}
+    best = max(counts.values())
+    leaders = [value for value, count in counts.items() if count == best]
+    if len(leaders) > 1:
+        return [i for i, value in enumerate(values) if len(counts) > 1], None
+    good = leaders[0]
+    return [i for i, value in enumerate(values) if value != good], values.index(good)
+
+
+class Guard:
+    """Injects this rank's corruptions and runs the checks, for a strategy whose replicas are identical over
+    `group` (ranks `group_ranks`)."""
+
+    def __init__(self, rank: int, names: list[str], params: list[torch.nn.Parameter], group: object,
+                 group_ranks: list[int], injections: list[Injection], check: bool, replay_rate: float = 0.0,
+                 seed: int = 0) -> None:
+        self.rank, self.names, self.params = rank, names, params
+        self.replay_rate, self.seed = replay_rate, seed
+        self.group, self.group_ranks = group, group_ranks
+        self.injections, self.check = injections, check
+        self.norms: list[float] = []
+        self.peaks: list[float] = []
+        self.events: list[dict] = []
+        self.check_s = 0.0
+
+    def take(self) -> tuple[list[dict], float]:
+        """Events since the last call, and the seconds the checks took (the detection cost)."""
+        events, seconds = self.events, self.check_s
+        self.events, self.check_s = [], 0.0
+        return events, seconds
+
+    # --- injection ------------------------------------------------------------------------------------------
+    def _inject(self, step: int, target: str) -> None:
+        for item in self.injections:
+            if item.step != step or item.target != target:
+                continue
+            rng = random.Random(item.seed)
+            name = item.tensor or rng.choice(self.names)
+            if name not in self.names:
+                raise ValueError(f"sdc: no parameter named {name!r} (parameters: {', '.join(self.names)})")
+            param = self.params[self.names.index(name)]
+            tensor = param.grad if target == "gradient" else param.data
+            index = item.index if item.index is not None else rng.randrange(tensor.numel())
+            if index >= tensor.numel():
+                raise ValueError(f"sdc: {name} has {tensor.numel()} elements, no index {index}")
+            with torch.no_grad():
+                before, after = flip_bit(tensor, index, item.bit)
+            self.events.append({"event": "sdc_injected", "rank": self.rank, "step": step, "target": target,
+                                "tensor": name, "index": index, "bit": item.bit, "before": before, "after": after})
+
+    # --- gradients ------------------------------------------------------------------------------------------
+    def _gradient_anomaly(self) -> tuple[bool, float, float]:
+        squares = torch.zeros((), dtype=torch.float64)
+        peak = 0.0
+        for param in self.params:
+            grad = param.grad.detach()
+            squares += grad.double().pow(2).sum()
+            peak = max(peak, float(grad.abs().max()))
+        norm = float(squares.sqrt())
+        bad = not (torch.isfinite(torch.tensor(norm)) and torch.isfinite(torch.tensor(peak)))
+        if not bad and self.norms:
+            bad = norm > GRAD_FACTOR * statistics.median(self.norms) or peak > GRAD_FACTOR * statistics.median(self.peaks)
+        return bad, norm, peak
+
+    def _grad_checksum(self) -> int:
+        return checksum([param.grad for param in self.params])
+
+    def _sampled(self, step: int) -> bool:
+        """Whether this rank replays step `step` unasked (a pure function of seed, rank and step)."""
+        return self.replay_rate > 0 and random.Random(f"{self.seed}/{self.rank}/{step}").random() < self.replay_rate
+
+    def before_collective(self, step: int, replay: Callable[[], float | None]) -> float | None:
+        """Inject a gradient corruption due now; check this rank's gradient, replaying the step's local compute on
+        an anomaly or when the step is sampled. Returns the replay's loss when the step was replayed, else None.
+
+        A replay that gives the same bits as the first computation means no corruption (an anomaly is then the
+        data's own spike: `reproduced`); different bits mean the first was corrupt: `transient` when the replay
+        passes (a second replay agrees with it, when sampled), `persistent` when it does not."""
+        self._inject(step, "gradient")
+        if not self.check:
+            return None
+        start = time.perf_counter()
+        bad, norm, peak = self._gradient_anomaly()
+        sampled = not bad and self._sampled(step)
+        first = self._grad_checksum() if bad or sampled else None
+        self.check_s += time.perf_counter() - start
+        if first is None:
+            self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+            return None
+        loss = replay()  # recomputing is recovery as much as detection: its time is in the step, not check_s
+        start = time.perf_counter()
+        again, norm, peak = self._gradient_anomaly()
+        second = self._grad_checksum()
+        self.check_s += time.perf_counter() - start
+        if second == first:
+            classification = "reproduced" if bad else None
+        elif bad:
+            classification = "persistent" if again else "transient"
+        else:  # a sampled replay disagreed with a gradient that looked normal: which of the two is right?
+            loss = replay()
+            classification = "transient" if self._grad_checksum() == second else "persistent"
+        if classification is not None:
+            self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
+                                "detected_by": "grad-norm" if bad else "replay-sample", "suspect_rank": self.rank,
+                                "classification": classification})
+        if classification != "persistent":
+            self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+        return loss
+
+    # --- parameters -----------------------------------------------------------------------------------------
+    def _gather(self) -> list[int]:
+        mine = torch.tensor([checksum(self.params)], dtype=torch.int64)
+        values = [torch.zeros(1, dtype=torch.int64) for _ in self.group_ranks]
+        dist.all_gather(values, mine, group=self.group)
+        return [int(v) for v in values]
+
+    def after_update(self, step: int) -> None:
+        """Inject a parameter corruption due now; compare every replica's checksum, restore from the majority."""
+        self._inject(step, "parameter")
+        if not self.check:
+            return
+        start = time.perf_counter()
+        odd, good = odd_ones(self._gather())
+        if odd:
+            classification = "unresolved (no majority)"
+            if good is not None:
+                with torch.no_grad():
+                    for param in self.params:
+                        dist.broadcast(param.data, self.group_ranks[good], group=self.group)
+                classification = "transient" if not odd_ones(self._gather())[0] else "persistent"
+            if self.rank == self.group_ranks[0]:  # one record per detection, written by the group's first rank
+                for position in odd:
+                    self.events.append({"event": "sdc_detected", "rank": self.group_ranks[position], "step": step,
+                                        "target": "parameter", "detected_by": "param-checksum",
+                                        "suspect_rank": self.group_ranks[position], "classification": classification})
+        self.check_s += time.perf_counter() - start

@@ -1,0 +1,157 @@
+"""Faults through the lifecycle and on a schedule, with a backend that builds nothing (no root): each link fault
+is in the state file before the fabric is asked, clearing restores what the link carried (or the fault still in
+force under it), a later process restores from the record alone, a backend that cannot is refused, and the
+driver acts on rank 0's step starts and the clock, writing faults.json as it goes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+
+from testbed.fabric import lifecycle, registry
+from testbed.fabric import state as state_store
+from testbed.fabric.errors import NotSupported
+from testbed.runner.faults import FaultDriver, step_starts
+from testbed.spec.faults import Fault
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import topology_from_data
+
+from .fake_backend import LOG, FakeFabric
+
+TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                               "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
+PREFIX = "tbf-"
+BASE = LinkParams(latency=0.005, bandwidth=1e9)
+
+
+@pytest.fixture(autouse=True)
+def fakes(monkeypatch, state_dir):
+    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.fabric.fake_backend:FakeBackend"})
+    LOG.clear()
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    """The fake fabric taking link faults, logging what the state file held when it was asked."""
+    def impair(self, key, params):
+        saved = state_store.load(self.prefix)
+        LOG.append(("impair", key, params.loss, params.latency, json.dumps(saved.faults if saved else None)))
+        self.shape(key, params)
+
+    monkeypatch.setattr(FakeFabric, "link_faults", True)
+    monkeypatch.setattr(FakeFabric, "impair", impair)
+
+
+def params(testbed, key):
+    return testbed.plan.link_end(key).shaping.params
+
+
+def test_a_fault_is_recorded_before_the_fabric_changes_and_cleared_back(faulty):
+    testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    testbed.apply_fault("fault0", {"east->west": LinkParams(0.005, 1e9, loss=1.0),
+                                   "west->east": LinkParams(0.005, 1e9, loss=1.0)})
+    impairs = [entry for entry in LOG if entry[0] == "impair"]
+    assert len(impairs) == 2 and all('"fault0"' in entry[4] and '"east->west"' in entry[4] for entry in impairs)
+    assert params(testbed, "east->west").loss == 1.0
+    testbed.clear_fault("fault0")
+    assert params(testbed, "east->west") == BASE and params(testbed, "west->east") == BASE
+    assert state_store.load(PREFIX).faults == {}
+
+
+def test_overlapping_faults_clear_back_to_the_one_still_in_force(faulty):
+    testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    slow = LinkParams(0.08, 1e9)
+    testbed.apply_fault("slow", {"east->west": slow})
+    testbed.apply_fault("cut", {"east->west": LinkParams(0.08, 1e9, loss=1.0)})
+    testbed.clear_fault("cut")
+    assert params(testbed, "east->west") == slow
+    assert state_store.load(PREFIX).faults["slow"]["east->west"]["original"]["latency"] == pytest.approx(0.005)
+    testbed.clear_fault("slow")
+    assert params(testbed, "east->west") == BASE
+
+
+def test_a_later_process_sees_the_fault_and_restores_the_link_from_the_record_alone(faulty):
+    testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    testbed.apply_fault("fault0", {"east->west": LinkParams(0.005, 1e9, loss=1.0)})
+    del testbed  # as if the process holding it were killed
+    again = lifecycle.attach(PREFIX)
+    assert params(again, "east->west").loss == 1.0  # the plan says what the link carries now
+    assert again.clear_faults() == ["fault0"]
+    assert params(again, "east->west") == BASE and state_store.load(PREFIX).faults == {}
+    assert params(lifecycle.attach(PREFIX), "east->west") == BASE
+
+
+def test_a_backend_that_cannot_is_refused_and_records_nothing():
+    testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    with pytest.raises(NotSupported, match="link faults are not supported on the fake backend"):
+        testbed.apply_fault("fault0", {"east->west": LinkParams(loss=1.0)})
+    assert state_store.load(PREFIX).faults == {}
+    with pytest.raises(NotSupported, match="not supported by FakeFabric"):
+        testbed.fabric.impair("east->west", LinkParams(loss=1.0))
+
+
+def test_step_starts_reads_only_whole_new_lines(tmp_path):
+    path = tmp_path / "rank0.jsonl"
+    path.write_text('{"event": "start"}\n{"event": "step_begin", "step": 0, "time": 10.0}\n{"event": "step_be')
+    seen: dict[int, float] = {}
+    offset = step_starts(path, 0, seen)
+    assert seen == {0: 10.0}
+    with open(path, "a") as handle:
+        handle.write('gin", "step": 1, "time": 11.5}\n')
+    step_starts(path, offset, seen)
+    assert seen == {0: 10.0, 1: 11.5}
+
+
+def test_the_driver_acts_on_step_starts_and_the_clock_and_writes_faults_json(faulty, tmp_path):
+    testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    faults = [Fault(kind="partition", between=("east", "west"), at="step 2", duration="0.3s"),
+              Fault(kind="latency", between=("east", "west"), at="0.1s", duration="0.1s", latency="80ms"),
+              Fault(kind="kill", rank=1, at="step 3"),
+              Fault(kind="straggler", rank=0, at="step 1", duration="0.35s", slowdown=2)]
+    signals: list[tuple[int, int, float]] = []
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    record = tmp_path / "faults.json"
+    driver = FaultDriver(testbed, faults, "cell", 1, metrics, record,
+                         lambda rank, number: signals.append((rank, number, time.time())))
+    driver.start()
+    begins: dict[int, float] = {}
+
+    def steps() -> None:
+        with open(metrics / "rank0.jsonl", "a") as handle:
+            for step in range(5):
+                begins[step] = time.time()
+                handle.write(json.dumps({"event": "step_begin", "step": step, "time": begins[step]}) + "\n")
+                handle.flush()
+                time.sleep(0.2)
+
+    writer = threading.Thread(target=steps)
+    writer.start()
+    writer.join()
+    time.sleep(0.3)
+    summary = driver.stop()
+    assert summary["errors"] == [] and summary["clock_zero"] == begins[0]
+    written = json.loads(record.read_text())
+    assert written == json.loads(json.dumps(summary))
+    by_kind = {entry["kind"]: entry for entry in written["faults"]}
+    partition = by_kind["partition"]
+    assert partition["scheduled_at"] == pytest.approx(begins[2] - begins[0], abs=1e-3)
+    assert 0 <= partition["applied_at"] - partition["scheduled_at"] < 0.1
+    assert partition["cleared_at"] - partition["applied_at"] == pytest.approx(0.3, abs=0.1)
+    latency = by_kind["latency"]
+    assert latency["scheduled_at"] == pytest.approx(0.1) and 0 <= latency["applied_at"] - 0.1 < 0.1
+    assert by_kind["kill"]["applied_at"] is not None and by_kind["kill"]["cleared_at"] is None
+    kills = [s for s in signals if s[1] == signal.SIGKILL]
+    assert [(rank, number) for rank, number, _ in kills] == [(1, signal.SIGKILL)]
+    assert 0 <= kills[0][2] - begins[3] < 0.1
+    stops = [s for s in signals if s[0] == 0]
+    assert stops[0][1] == signal.SIGSTOP and stops[-1][1] == signal.SIGCONT and len(stops) >= 4
+    assert stops[-1][2] - stops[0][2] == pytest.approx(0.35, abs=0.15)
+    impairs = [(entry[1], entry[2], entry[3]) for entry in LOG if entry[0] == "impair"]
+    # latency on and off (both directions), then the partition on and off
+    assert [loss for _, loss, _ in impairs] == [0.0] * 4 + [1.0, 1.0, 0.0, 0.0]
+    assert params(testbed, "east->west") == BASE and state_store.load(PREFIX).faults == {}

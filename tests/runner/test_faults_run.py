@@ -1,0 +1,99 @@
+"""A run with a faults: timeline on the netns fabric (root): a partition at a step is applied on time through the
+fabric, cleared, recorded in faults.json; flat-dp stalls about as long and still finishes; summary.csv carries
+the stall; silent data corruption in a gradient and a parameter is caught at its rank and step (result.json's
+sdc); a kill fails the cell naming the timeline; no fault is left in force after the run."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from ..conftest import namespaces_with, run_cli
+from .test_run import run_dir_of
+
+pytestmark = pytest.mark.root
+
+TOPOLOGY = """  name: pair
+  dcs: [{name: east, nodes: 2}, {name: west, nodes: 2}]
+  links: [{between: [east, west], latency: 2ms, bandwidth: 1gbit}]
+"""
+PARTITION_S = 2.0
+
+
+PAIR = TOPOLOGY.replace("nodes: 2", "nodes: 1")
+
+
+def experiment(tmp: Path, faults: str, steps: int = 10, strategies: str = "[flat-dp]", topology: str = TOPOLOGY) -> Path:
+    path = tmp / "exp.yaml"
+    path.write_text(f"name: tiny\ntopology:\n{topology}workload: {{steps: {steps}, warmup_steps: 1, micro_batch: 2, "
+                    f"micro_batches: 1, compute: synthetic, compute_ms: 50}}\nstrategies: {strategies}\n"
+                    f"baseline: none\ncalibrate: none\ncell_timeout: 120\nfaults:\n{faults}")
+    return path
+
+
+def test_a_partition_stalls_flat_dp_about_as_long_it_finishes_and_sdc_is_caught(prefix, tmp_path):
+    faults = (f"  - {{kind: partition, between: [east, west], at: step 4, duration: {PARTITION_S}s}}\n"
+              "  - {kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}\n"
+              "  - {kind: sdc, rank: 2, at: step 7, target: parameter, bit: 27}\n")
+    proc = run_cli("run", str(experiment(tmp_path, faults)), "--out", str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path / "out")
+    (cell,) = list((run_dir / "cells").iterdir())
+    record = json.loads((cell / "faults.json").read_text())
+    assert record["errors"] == [] and len(record["faults"]) == 3
+    entry = record["faults"][0]
+    assert entry["kind"] == "partition" and entry["target"] == "east<->west"
+    assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25  # the issue's bound (goal: 50 ms)
+    assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(PARTITION_S, abs=0.25)
+    result = json.loads((cell / "result.json").read_text())
+    assert result["status"] == "ok" and result["faults"] == record
+    caught = [{k: item[k] for k in ("rank", "step", "target", "bit", "detected_by", "detected_at_step",
+                                     "classification")} for item in result["sdc"]]
+    assert caught == [{"rank": 1, "step": 2, "target": "gradient", "bit": 30, "detected_by": "grad-norm",
+                       "detected_at_step": 2, "classification": "transient"},
+                      {"rank": 2, "step": 7, "target": "parameter", "bit": 27, "detected_by": "param-checksum",
+                       "detected_at_step": 7, "classification": "transient"}]
+    (row,) = list(csv.DictReader(open(run_dir / "summary.csv")))
+    # the step that met the partition waited for it (and for TCP's retransmission after it), no step before did
+    assert PARTITION_S * 0.8 <= float(row["stall_s"]) <= PARTITION_S * 4, row["stall_s"]
+    assert float(row["effective_time_ratio"]) < 0.8 and row["faults_applied"] == "1"
+    assert namespaces_with(prefix) == []
+
+
+def test_a_killed_rank_fails_its_cell_naming_the_timeline(prefix, tmp_path):
+    faults = "  - {kind: kill, rank: 3, at: step 2}\n"
+    proc = run_cli("run", str(experiment(tmp_path, faults, steps=6)), "--out", str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path / "out")
+    (cell,) = list((run_dir / "cells").iterdir())
+    result = json.loads((cell / "result.json").read_text())
+    assert result["status"] == "failed" and result["failed_rank"] == 3
+    assert "signal 9" in result["reason"] and "killed by the faults: timeline" in result["reason"]
+    assert namespaces_with(prefix) == []
+
+
+def test_under_a_partition_flat_dp_stalls_while_async_diloco_keeps_stepping(prefix, tmp_path):
+    faults = f"  - {{kind: partition, between: [east, west], at: 1s, duration: {PARTITION_S}s}}\n"
+    strategies = "[flat-dp, {name: async, strategy: async-diloco, options: {inner_steps: 5, max_staleness: 200}}]"
+    proc = run_cli("run", str(experiment(tmp_path, faults, steps=100, strategies=strategies, topology=PAIR)),
+                   "--out", str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path / "out")
+    rows = {row["strategy"]: row for row in csv.DictReader(open(run_dir / "summary.csv"))}
+    assert float(rows["flat-dp"]["stall_s"]) >= PARTITION_S * 0.8, rows["flat-dp"]["stall_s"]
+    assert float(rows["async"]["stall_s"]) < PARTITION_S * 0.25, rows["async"]["stall_s"]
+    for strategy, row in rows.items():
+        cell = run_dir / "cells" / row["cell"]
+        window = json.loads((cell / "faults.json").read_text())
+        zero, entry = window["clock_zero"], window["faults"][0]
+        ends = [json.loads(line)["time"] - zero for line in (cell / "metrics" / "rank0.jsonl").read_text().splitlines()
+                if '"event": "step"' in line]
+        during = [t for t in ends if entry["applied_at"] + 0.2 < t < entry["cleared_at"]]
+        if strategy == "flat-dp":
+            assert len(during) <= 1, during  # the step in flight when the link went dark ends after it
+        else:
+            assert len(during) >= 10, during  # the DCs trained on their own
+    assert namespaces_with(prefix) == []

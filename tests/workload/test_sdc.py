@@ -1,0 +1,161 @@
+"""Silent data corruption: bit flips as the hardware would make them, the checksum that any one flip changes,
+the majority that names the odd replica, the gradient check and its replay, and 4 real ranks on loopback where
+exponent-bit flips in a gradient and a parameter are caught at the injected rank and step and rolled back."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import replace
+
+import pytest
+import torch
+
+from testbed.workload.options import Options
+from testbed.workload.sdc import Guard, Injection, checksum, flip_bit, odd_ones
+
+from .test_strategies import run
+
+
+def bits_of(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+@pytest.mark.parametrize("bit", [0, 7, 22, 23, 27, 30, 31])
+def test_flip_bit_flips_exactly_that_bit_of_the_float32(bit):
+    tensor = torch.tensor([0.5, -1.25e-3, 3.0], dtype=torch.float32)
+    before, after = flip_bit(tensor, 1, bit)
+    assert before == pytest.approx(-1.25e-3)
+    assert bits_of(after) ^ bits_of(before) == 1 << bit and float(tensor[1]) == after
+    assert tensor[0] == 0.5 and tensor[2] == 3.0
+    flip_bit(tensor, 1, bit)
+    assert float(tensor[1]) == before  # a second flip restores it
+
+
+def test_an_exponent_flip_of_a_small_gradient_makes_it_huge():
+    tensor = torch.tensor([1e-3])
+    _, after = flip_bit(tensor, 0, 30)
+    assert after > 1e30
+
+
+def test_any_single_flip_changes_the_checksum():
+    params = [torch.randn(50), torch.randn(7, 3)]
+    reference = checksum(params)
+    for bit in range(32):
+        flip_bit(params[1], 5, bit)
+        assert checksum(params) != reference, bit
+        flip_bit(params[1], 5, bit)
+    assert checksum(params) == reference
+
+
+@pytest.mark.parametrize(("values", "odd", "good"), [
+    ([5, 5, 5, 5], [], 0), ([5, 9, 5, 5], [1], 0), ([9, 5, 5, 5], [0], 1), ([5, 9], [0, 1], None),
+    ([5, 9, 7, 5], [1, 2], 0)])
+def test_the_majority_names_the_odd_replicas(values, odd, good):
+    assert odd_ones(values) == (odd, good)
+
+
+def _guard(grad_value: float, injections: list[Injection]) -> tuple[Guard, torch.nn.Parameter]:
+    param = torch.nn.Parameter(torch.zeros(100))
+    param.grad = torch.full((100,), grad_value)
+    return Guard(0, ["w"], [param], None, [0], injections, check=True), param
+
+
+def test_the_gradient_check_replays_a_flipped_step_and_calls_it_transient():
+    guard, param = _guard(1e-3, [Injection(rank=0, step=3, target="gradient", bit=30, tensor="w", index=7)])
+    replays = []
+
+    def replay() -> float:
+        param.grad.fill_(1e-3)
+        replays.append(True)
+        return 0.5
+
+    for step in range(6):
+        param.grad.fill_(1e-3)
+        assert guard.before_collective(step, replay) == (0.5 if step == 3 else None)
+    events, seconds = guard.take()
+    assert [e["event"] for e in events] == ["sdc_injected", "sdc_detected"]
+    assert events[0]["after"] > 1e30 and events[0]["index"] == 7
+    assert {k: events[1][k] for k in ("rank", "step", "detected_by", "classification")} == {
+        "rank": 0, "step": 3, "detected_by": "grad-norm", "classification": "transient"}
+    assert replays == [True] and seconds > 0 and float(param.grad.max()) == pytest.approx(1e-3)
+
+
+def test_an_anomaly_the_replay_reproduces_bit_for_bit_is_the_datas_own():
+    guard, param = _guard(1e-3, [])
+    for step in range(3):
+        param.grad.fill_(1e-3)
+        guard.before_collective(step, lambda: None)
+    param.grad[0] = 5.0  # a genuine spike: the replay computes the very same bits
+    guard.before_collective(3, lambda: None)
+    events, _ = guard.take()
+    assert [(e["step"], e["detected_by"], e["classification"]) for e in events] == [(3, "grad-norm", "reproduced")]
+
+
+def test_a_corruption_the_replay_does_not_clear_is_persistent():
+    guard, param = _guard(1e-3, [])
+    for step in range(3):
+        param.grad.fill_(1e-3)
+        guard.before_collective(step, lambda: None)
+    param.grad[0] = float("inf")
+
+    def faulty_again() -> None:
+        param.grad.fill_(1e-3)
+        param.grad[1] = float("inf")  # other bits, still broken: the fault is still there
+
+    guard.before_collective(3, faulty_again)
+    events, _ = guard.take()
+    assert [(e["step"], e["classification"]) for e in events] == [(3, "persistent")]
+
+
+@pytest.mark.parametrize(("rate", "expected"), [(0.0, []), (1.0, [(4, "replay-sample", "transient")])])
+def test_a_flip_too_small_for_the_norm_is_caught_only_by_a_sampled_replay(rate, expected):
+    param = torch.nn.Parameter(torch.zeros(100))
+    param.grad = torch.full((100,), 1e-3)
+    guard = Guard(0, ["w"], [param], None, [0], [Injection(rank=0, step=4, target="gradient", bit=3, tensor="w")],
+                  check=True, replay_rate=rate)
+    for step in range(8):
+        param.grad.fill_(1e-3)
+        guard.before_collective(step, lambda: param.grad.fill_(1e-3))
+    events, _ = guard.take()
+    assert [(e["step"], e["detected_by"], e["classification"]) for e in events if e["event"] == "sdc_detected"] \
+        == expected
+
+
+def test_clean_steps_raise_nothing():
+    guard, param = _guard(1e-3, [])
+    gen = torch.Generator().manual_seed(0)
+    for step in range(200):
+        param.grad.copy_(torch.randn(100, generator=gen) * 1e-3 * (1 + step % 3))
+        guard.before_collective(step, lambda: None)
+    assert guard.take()[0] == []
+
+
+def test_exponent_flips_are_caught_at_the_injected_rank_and_step_and_rolled_back(tmp_path, monkeypatch):
+    """2 DCs x 2 ranks, real compute: bit 30 of a gradient element on rank 1 at step 3 and of a parameter
+    element on rank 2 at step 2, in flat-dp and hier-dp; nothing else is flagged, replicas end identical."""
+    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
+                   "seed": 0},
+                  {"rank": 2, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
+    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    base = Options(steps=6, micro_batch=2, micro_batches=1, seed=3)
+    out = run(tmp_path, 2, 2, {"flat": replace(base, strategy="flat-dp"), "hier": replace(base, strategy="hier-dp")},
+              env=env)
+    for name in ("flat", "hier"):
+        events = []
+        for rank in range(4):
+            for line in (tmp_path / name / "metrics" / f"rank{rank}.jsonl").read_text().splitlines():
+                record = json.loads(line)
+                if record["event"].startswith("sdc"):
+                    events.append(record)
+        injected = sorted((e["rank"], e["step"], e["target"]) for e in events if e["event"] == "sdc_injected")
+        caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
+                        for e in events if e["event"] == "sdc_detected")
+        assert injected == [(1, 3, "gradient"), (2, 2, "parameter")], name
+        assert caught == [(1, 3, "gradient", "grad-norm", "transient"),
+                          (2, 2, "parameter", "param-checksum", "transient")], (name, caught)
+        params = [out[name][r]["params"] for r in range(4)]
+        for key in params[0]:
+            assert all(torch.equal(params[0][key], p[key]) for p in params[1:]), (name, key)
+        assert all(torch.isfinite(params[0][k]).all() for k in params[0])
+        assert all(r["sdc_check_s"] >= 0 for r in out[name][0]["records"])
