@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import signal
 import statistics
 import tempfile
 import threading
@@ -21,35 +23,50 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.fabric import cancel
 from testbed.runner.experiment import run_experiment
 
 PREFIX = "tb-scale-"
 DCS = 4
 
 
-def used_bytes() -> int:
-    """MemTotal - MemAvailable: what the machine has in use (shared pages counted once)."""
+FLOOR = 1.5 * 2**30  # a run is stopped (SIGINT: the runner tears down) when less than this stays available
+
+
+def meminfo() -> dict[str, int]:
     fields = {}
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
+    with open("/proc/meminfo") as source:
+        for line in source:
             name, value = line.split(":", 1)
             fields[name] = int(value.split()[0]) * 1024
+    return fields
+
+
+def used_bytes() -> int:
+    """MemTotal - MemAvailable: what the machine has in use (shared pages counted once)."""
+    fields = meminfo()
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
 class PeakMemory:
-    """Samples used memory in a thread; `rise` is the peak over the figure at start."""
+    """Samples used memory in a thread; `rise` is the peak over the figure at start. Interrupts the run when
+    the machine is about to run out (other people's work shares it)."""
 
     def __init__(self, every: float = 0.1) -> None:
         self.start = used_bytes()
         self.peak = self.start
+        self.stopped = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, args=(every,), daemon=True)
         self._thread.start()
 
     def _sample(self, every: float) -> None:
         while not self._stop.wait(every):
-            self.peak = max(self.peak, used_bytes())
+            fields = meminfo()
+            self.peak = max(self.peak, fields["MemTotal"] - fields["MemAvailable"])
+            if fields["MemAvailable"] < FLOOR and not self.stopped:
+                self.stopped = True
+                os.kill(os.getpid(), signal.SIGINT)
 
     def stop(self) -> int:
         self._stop.set()
@@ -77,14 +94,18 @@ def cell_figures(cell_dir: Path) -> dict:
     """Launch-to-first-step and median step time (a step lasts as long as its slowest rank) of one cell."""
     result = json.loads((cell_dir / "result.json").read_text())
     steps: dict[int, list[dict]] = {}
+    starts = []
     for path in (cell_dir / "metrics").glob("rank*.jsonl"):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if record.get("event") == "step":
                 steps.setdefault(record["step"], []).append(record)
+            elif record.get("event") == "start":
+                starts.append(record["time"])
     world = result["world"]
     first = steps.get(0, [])
     return {"status": result["status"], "reason": result["reason"],
+            "setup_s": max(starts) - result["launched"] if len(starts) == world else None,
             "first_step_s": max(r["time"] for r in first) - result["launched"] if len(first) == world else None,
             "step_s": statistics.median(max(r["wall_s"] for r in group) for s, group in steps.items() if s > 0)
             if len(steps) > 1 else None,
@@ -96,7 +117,16 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
     out = root / f"out-{launcher}"
     memory = PeakMemory()
     start = time.perf_counter()
-    run_dir = run_experiment(path, out, prefix=PREFIX, shaper="auto", launcher=launcher)
+    try:
+        run_dir = run_experiment(path, out, prefix=PREFIX, shaper="auto", launcher=launcher)
+    except KeyboardInterrupt:
+        rise = memory.stop()
+        if not memory.stopped:
+            raise
+        cancel.reset()
+        return [{"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher, "strategy": "-",
+                 "status": f"stopped: under {FLOOR / 2**30:g} GiB available",
+                 "used memory rise GiB (run peak)": rise / 2**30, "run wall s (both cells)": time.perf_counter() - start}]
     wall = time.perf_counter() - start
     rise = memory.stop()
     rows = []
@@ -104,12 +134,26 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
         figures = cell_figures(cell_dir)
         rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher,
                      "strategy": cell_dir.name.split("__")[0], "status": figures["status"],
-                     "launch to first step s": figures["first_step_s"], "step s (median)": figures["step_s"],
+                     "launch to set up s": figures["setup_s"], "launch to first step s": figures["first_step_s"],
+                     "step s (median)": figures["step_s"],
                      "cell s": figures["cell_s"], "used memory rise GiB (run peak)": rise / 2**30,
                      "run wall s (both cells)": wall})
         if figures["status"] != "ok":
             print(f"{ranks} ranks, {launcher}: {cell_dir.name} failed: {figures['reason']}", flush=True)
     return rows
+
+
+def projected_fit(rows: list[dict], ranks: int, launcher: str) -> str | None:
+    """Why `ranks` would not fit, projected from the largest run of this launcher so far (None: it may)."""
+    done = [r for r in rows if r["launcher"] == launcher and r.get("used memory rise GiB (run peak)")]
+    if not done:
+        return None
+    last = max(done, key=lambda r: r["ranks"])
+    need = last["used memory rise GiB (run peak)"] * 2**30 / last["ranks"] * ranks
+    available = meminfo()["MemAvailable"] - FLOOR
+    if need <= available:
+        return None
+    return f"projected {need / 2**30:.1f} GiB from {last['ranks']} ranks, {available / 2**30:.1f} GiB available"
 
 
 def main() -> None:
@@ -121,11 +165,18 @@ def main() -> None:
     parser.add_argument("--compute-ms", type=float, default=200)
     parser.add_argument("--preset", default="small")
     args = parser.parse_args()
-    rows = []
+    cancel.install()
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (int(r) for r in args.ranks.split(",")):
             for launcher in args.launchers.split(","):
                 if launcher == "exec" and ranks > args.exec_max:
+                    continue
+                fits = projected_fit(rows, ranks, launcher)
+                if fits:
+                    print(f"{ranks} ranks, {launcher}: skipped ({fits})", flush=True)
+                    rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher,
+                                 "strategy": "-", "status": f"skipped: {fits}"})
                     continue
                 rows += measure(ranks, launcher, args, Path(tmp))
                 print(pd.DataFrame(rows[-2:]).to_markdown(index=False, floatfmt=".3g"), flush=True)

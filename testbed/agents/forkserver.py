@@ -40,7 +40,7 @@ from testbed.agents.bootstrap import enter
 
 MODULE = "testbed.agents.forkserver"
 PR_SET_PDEATHSIG = 1
-POLL_S = 0.05
+POLL_S = 0.2  # also woken by SIGCHLD
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -56,8 +56,12 @@ def _exit_code(error: SystemExit) -> int:
     return 1
 
 
-def _child(request: dict, server: int) -> int:
+def _child(request: dict, server: int, wakeup: tuple[int, int]) -> int:
     """In the forked child: become the rank `request` describes and run it; its exit status."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in wakeup:
+        os.close(fd)
     os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -84,7 +88,7 @@ def _child(request: dict, server: int) -> int:
     return 0
 
 
-def _spawn(sock: socket.socket, request: dict, children: set[int]) -> None:
+def _spawn(sock: socket.socket, request: dict, children: set[int], wakeup: tuple[int, int]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     server = os.getpid()
@@ -93,7 +97,7 @@ def _spawn(sock: socket.socket, request: dict, children: set[int]) -> None:
         code = 70
         try:
             sock.close()
-            code = _child(request, server)
+            code = _child(request, server, wakeup)
         except BaseException:  # anything the rank raised: its traceback goes to its log
             traceback.print_exc()
             code = 1
@@ -135,12 +139,24 @@ def _kill_all(children: set[int]) -> None:
 
 
 def serve(sock: socket.socket, controller: int) -> int:
+    """Fork what the controller asks for; report each child's end as soon as SIGCHLD says it came (the order of
+    the reports is the order the ranks died in: the runner names the first)."""
     children: set[int] = set()
     pending = b""
+    wakeup = os.pipe()
+    for fd in wakeup:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wakeup[1])
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     try:
         while True:
-            readable, _, _ = select.select([sock], [], [], POLL_S)
-            if readable:
+            readable, _, _ = select.select([sock, wakeup[0]], [], [], POLL_S)
+            if wakeup[0] in readable:
+                try:
+                    os.read(wakeup[0], 4096)
+                except BlockingIOError:
+                    pass
+            if sock in readable:
                 data = sock.recv(1 << 16)
                 if not data:
                     return 0  # the controller closed its end: the run is over
@@ -149,7 +165,7 @@ def serve(sock: socket.socket, controller: int) -> int:
                     line, pending = pending.split(b"\n", 1)
                     request = json.loads(line)
                     try:
-                        _spawn(sock, request, children)
+                        _spawn(sock, request, children, wakeup)
                     except OSError as error:
                         _send(sock, {"id": request.get("spawn"), "error": str(error)})
             _reap(sock, children)

@@ -269,7 +269,7 @@ def run(ctx: typer.Context,
         topology: Optional[Path] = typer.Option(None, "--topology",
                                                 help="Bring your own workload: run the command after -- on every rank."),
         ranks_per_node: int = typer.Option(1, "--ranks-per-node"),
-        launcher: str = typer.Option("exec", "--launcher",
+        launcher: str = typer.Option("auto", "--launcher",
                                      help="How ranks of the built-in workload start: fork (from one process that "
                                           "imported torch once; netns only), exec (a fresh python each), auto "
                                           "(fork where the backend can). Your own command is always exec'd."),

@@ -27,7 +27,7 @@ class ForkServer:
 
     def __init__(self, preload: str, log: Path, env: dict[str, str], namespace: Callable[[str], str]) -> None:
         self.namespace = namespace
-        self.exits: dict[int, int] = {}
+        self.exits: dict[int, int] = {}  # pid -> exit status, in the order the server reported them
         self.live: set[int] = set()
         self.dead = False
         self._pending = b""
@@ -137,7 +137,8 @@ class ForkServer:
 
 
 class ForkedProcess(PopenLike):
-    """A rank the fork server forked: the leader of its own session; its exit status comes from the server."""
+    """A rank the fork server forked: the leader of its own session; its exit status comes from the server.
+    `order`: how many of the server's ranks had ended before this one (the runner names the first to die)."""
 
     def __init__(self, server: ForkServer, pid: int, argv: list[str]) -> None:
         self.server = server
@@ -151,6 +152,12 @@ class ForkedProcess(PopenLike):
             self.server.pump()
             self.returncode = self.server.exits.get(self.pid)
         return self.returncode
+
+    @property
+    def order(self) -> int | None:
+        if self.poll() is None:
+            return None
+        return list(self.server.exits).index(self.pid)
 
     def send_signal(self, signal_name: str) -> None:
         if self.poll() is not None:

@@ -181,7 +181,7 @@ def latest_run(out_root: Path, name: str) -> Path | None:
 
 def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
                    only: str | None = None, progress: Any = None, backend: str | Backend = registry.DEFAULT,
-                   launcher: str = "exec") -> Path:
+                   launcher: str = "auto") -> Path:
     """Run (or resume) an experiment; returns the run directory (its report is testbed.collect's to build).
     Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS)."""
     fork = launcher_forks(launcher, backend)

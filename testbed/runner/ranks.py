@@ -90,6 +90,12 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     return specs
 
 
+def died_order(proc) -> int:
+    """Where the fork server saw `proc` end among its ranks (0: first); 0 for an exec'd one (unknown)."""
+    order = getattr(proc, "order", None)
+    return order if order is not None else 0
+
+
 class RankGroup:
     """The processes of one cell; always reaped (killed if needed) on close()."""
 
@@ -130,11 +136,13 @@ class RankGroup:
         start = time.monotonic()
         while True:
             codes = [proc.poll() for proc in self.procs]
-            for spec, code in zip(self.specs, codes):
-                if code not in (None, 0):
-                    why = f"signal {-code}" if code < 0 else f"exit code {code}"
-                    return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
-                                   self.tail(spec.rank), time.monotonic() - start)
+            dead = [(died_order(proc), spec, code) for spec, proc, code in zip(self.specs, self.procs, codes)
+                    if code not in (None, 0)]
+            if dead:  # the first to die (where known), else the lowest rank: the others often died of it
+                _, spec, code = min(dead, key=lambda item: (item[0], item[1].rank))
+                why = f"signal {-code}" if code < 0 else f"exit code {code}"
+                return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
+                               self.tail(spec.rank), time.monotonic() - start)
             if all(code == 0 for code in codes):
                 return Outcome(True, seconds=time.monotonic() - start)
             problem = health() if health else None
