@@ -9,9 +9,11 @@ import torch
 import torch.distributed  # c10d and gloo's bindings, for the ranks
 
 import testbed.spec.strategies  # noqa: F401  (the command line's definitions; __main__ itself runs per rank)
-from testbed.workload import data, run  # noqa: F401
+from testbed.workload import data, run
+from testbed.workload.model import PRESETS
 from testbed.workload.strategies import diloco, dp, pipeline  # noqa: F401
 
 torch.set_num_threads(1)  # no pool yet: with one thread, no operator below starts one
 data.corpus()
 data.tokens()
+run.parameter_count(PRESETS["tiny"])  # the meta device's first use loads its Python registrations (seconds)
