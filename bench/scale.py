@@ -104,7 +104,7 @@ def cell_figures(cell_dir: Path) -> dict:
                 starts.append(record["time"])
     world = result["world"]
     first = steps.get(0, [])
-    return {"status": result["status"], "reason": result["reason"],
+    return {"status": result["status"], "reason": result["reason"], "log_tail": result.get("log_tail"),
             "setup_s": max(starts) - result["launched"] if len(starts) == world else None,
             "first_step_s": max(r["time"] for r in first) - result["launched"] if len(first) == world else None,
             "step_s": statistics.median(max(r["wall_s"] for r in group) for s, group in steps.items() if s > 0)
@@ -140,6 +140,7 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
                      "run wall s (both cells)": wall})
         if figures["status"] != "ok":
             print(f"{ranks} ranks, {launcher}: {cell_dir.name} failed: {figures['reason']}", flush=True)
+            print("\n".join(figures["log_tail"] or []), flush=True)
     return rows
 
 
@@ -164,10 +165,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--compute-ms", type=float, default=200)
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--keep", type=Path, help="keep the runs' results here (default: a temporary directory)")
     args = parser.parse_args()
     cancel.install()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
         for ranks in (int(r) for r in args.ranks.split(",")):
             for launcher in args.launchers.split(","):
                 if launcher == "exec" and ranks > args.exec_max:
@@ -178,7 +182,7 @@ def main() -> None:
                     rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher,
                                  "strategy": "-", "status": f"skipped: {fits}"})
                     continue
-                rows += measure(ranks, launcher, args, Path(tmp))
+                rows += measure(ranks, launcher, args, args.keep or Path(tmp))
                 print(pd.DataFrame(rows[-2:]).to_markdown(index=False, floatfmt=".3g"), flush=True)
     print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.preset} model, {args.compute_ms:g} ms synthetic compute "
           f"per micro-batch, {args.steps} steps per cell")

@@ -122,3 +122,28 @@ def test_a_killed_forked_rank_fails_its_cell_fast_and_leaves_nothing(prefix, tmp
     assert set(_forkservers()) <= before  # the fork server is gone, and so is every rank (they share its cmdline)
     for name in ("east-0", "east-1", "west-0"):
         assert _pids_in(f"{prefix}{name}") == []
+
+
+def test_the_fork_server_and_its_ranks_go_when_the_runner_is_killed(prefix, tmp_path):
+    path = write(tmp_path, steps=400, strategies="[flat-dp]", timeout=60)
+    before = set(_forkservers())
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(tmp_path / "out"),
+                             "--launcher", "fork"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "out").glob("launch/*/cells/*/metrics/rank3.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+        ours = set(_forkservers()) - before
+        assert len(ours) == 5  # the server and its four ranks
+        proc.kill()  # SIGKILL: the runner tears nothing down
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while set(_forkservers()) & ours and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not set(_forkservers()) & ours  # the server saw its socket close, killed its ranks and left
+    assert all(_pids_in(f"{prefix}{name}") == [] for name in ("east-0", "east-1", "west-0", "west-1"))
