@@ -21,7 +21,13 @@ from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import ForkServer
-from testbed.fabric.netns.namespaces import list_namespaces, remove, set_sysctls
+from testbed.fabric.netns.namespaces import (
+    ensure_neighbour_capacity,
+    list_namespaces,
+    neighbour_entries,
+    remove,
+    set_sysctls,
+)
 from testbed.fabric.state import FabricState, state_dir
 from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import DelayLineSpec
@@ -61,6 +67,13 @@ class NetnsFabric(Fabric):
             raise FabricError(f"plan prefix {plan.prefix!r} differs from fabric prefix {self.prefix!r}")
         self.plan = plan
         self.state = state
+        sizes: dict[int, int] = {}
+        for node in plan.nodes:
+            sizes[node.dc_index] = sizes.get(node.dc_index, 0) + 1
+        links = len({end.key for end in plan.link_ends if end.kind == "inter-dc"}) // 2
+        raised = ensure_neighbour_capacity(neighbour_entries(list(sizes.values()), links))
+        if raised:
+            self._progress(raised)
         try:
             self._build(plan)
             self._start_delay_lines(plan)
