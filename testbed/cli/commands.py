@@ -331,6 +331,10 @@ def run(ctx: typer.Context,
         topology: Optional[Path] = typer.Option(None, "--topology",
                                                 help="Bring your own workload: run the command after -- on every rank."),
         ranks_per_node: int = typer.Option(1, "--ranks-per-node"),
+        launcher: str = typer.Option("auto", "--launcher",
+                                     help="How ranks of the built-in workload start: fork (from one process that "
+                                          "imported torch once; netns only), exec (a fresh python each), auto "
+                                          "(fork where the backend can). Your own command is always exec'd."),
         timeout: float = typer.Option(3600, "--timeout", help="With --topology: seconds before the run is stopped."),
         baseline: bool = typer.Option(False, "--baseline", help="With --topology: first run the command with every "
                                       "inter-DC link unshaped, for efficiency (steps reported by testbed.steplog)."),
@@ -364,7 +368,8 @@ def run(ctx: typer.Context,
             if experiment is None:
                 _fail("give an experiment file, or --topology T -- COMMAND")
             run_dir = _guard(lambda: run_experiment(experiment, out_dir, prefix=prefix, shaper=shaper, resume=resume,
-                                                    only=only, progress=progress, backend=chosen_backend))
+                                                    only=only, progress=progress, backend=chosen_backend,
+                                                    launcher=launcher))
     finally:
         progress.stop()
     build_report(run_dir)

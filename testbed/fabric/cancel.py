@@ -24,6 +24,11 @@ def requested() -> bool:
     return _requested.is_set()
 
 
+def reset() -> None:
+    """Forget a stop that the caller has handled (a benchmark that stopped one run and goes on)."""
+    _requested.clear()
+
+
 def install() -> None:
     """Route SIGINT and SIGTERM to the flag (and an immediate KeyboardInterrupt) in this process only.
 

@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,13 +28,14 @@ from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel, registry
 from testbed.fabric.backend import Backend
-from testbed.fabric.errors import NotSupported
+from testbed.fabric.errors import FabricError, NotSupported
+from testbed.fabric.forkserver import ForkServer
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
 from testbed.runner.probe import as_records, probe_all
-from testbed.runner.ranks import RankGroup, rank_layout
+from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
 from testbed.spec.experiment import Experiment, load_experiment
 from testbed.spec.faults import Fault
 from testbed.spec.topology import load_topology
@@ -185,9 +185,9 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
-             seed: int = 0, sdc_replay: float = 0.0) -> dict:
+             seed: int = 0, sdc_replay: float = 0.0, forks: ForkServer | None = None) -> dict:
     """Run one cell, with `faults` on their schedule; returns its result record (also written to
-    cell_dir/result.json)."""
+    cell_dir/result.json). With `forks`, ranks of the built-in workload are forked by it."""
     faults = faults or []
     if cell_dir.exists():
         shutil.rmtree(cell_dir)  # an incomplete earlier attempt
@@ -200,7 +200,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     late_before = testbed.fabric.delay_line_stats()
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir,
                         extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay)})
-    group = RankGroup(testbed.fabric, specs, argv, log_dir)
+    launched = time.time()
+    group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
     driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json", group.signal)
     try:
         driver.start()
@@ -225,7 +226,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         outcome.ok, outcome.reason = False, "fault not applied: " + "; ".join(fault_record["errors"])
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
               "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
-              "seconds": outcome.seconds, "started": started, "calibration": probe,
+              "seconds": outcome.seconds, "started": started, "launched": launched,
+              "launcher": "fork" if forks is not None and argv[:3] == workload_argv([]) else "exec", "calibration": probe,
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
@@ -249,9 +251,11 @@ def latest_run(out_root: Path, name: str) -> Path | None:
 
 
 def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
-                   only: str | None = None, progress: Any = None, backend: str | Backend = registry.DEFAULT) -> Path:
+                   only: str | None = None, progress: Any = None, backend: str | Backend = registry.DEFAULT,
+                   launcher: str = "auto") -> Path:
     """Run (or resume) an experiment; returns the run directory (its report is testbed.collect's to build).
-    Tears the fabric down whatever happens."""
+    Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS)."""
+    fork = launcher_forks(launcher, backend)
     experiment, topology = load_experiment(path)
     cells = plan_cells(experiment, topology)
     if only:
@@ -263,7 +267,8 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     todo = [c for c in cells if not complete(run_dir / "cells" / c.id)]
     if progress:
         progress.start(len(cells), len(cells) - len(todo), run_dir)
-    with fabric(topology, path, prefix, shaper, backend) as testbed:
+    with fabric(topology, path, prefix, shaper, backend) as testbed, fork_server(testbed, fork and bool(todo),
+                                                                                   run_dir) as forks:
         if any(f.kind != "sdc" for f in experiment.faults) and not testbed.fabric.link_faults:
             # link faults need Fabric.impair; rank faults, rank 0's metrics as they are written and signals to
             # the ranks' process groups: all on this machine's netns fabric only for now
@@ -273,17 +278,42 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         for cell in todo:
             cancel.check()
-            argv = [sys.executable, "-m", "testbed.workload", *cell.workload_args()]
+            argv = workload_argv(cell.workload_args())
             if progress:
                 progress.cell(cell)
             result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
                               experiment.calibrate, experiment.workload.ranks_per_node,
                               on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None,
                               faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
-                              sdc_replay=experiment.sdc_replay)
+                              sdc_replay=experiment.sdc_replay, forks=forks)
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)
+
+
+def launcher_forks(launcher: str, backend: str | Backend) -> bool:
+    """Whether ranks of the built-in workload are forked; refuses (FabricError) fork where the backend cannot."""
+    if launcher not in LAUNCHERS:
+        raise FabricError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
+    if launcher == "fork" and not chosen.forks_ranks:
+        raise FabricError(f"--launcher fork: the {chosen.name} backend starts every rank in its own container or "
+                          "host, where a fork server would serve one rank (use exec or auto)")
+    return launcher != "exec" and chosen.forks_ranks
+
+
+@contextmanager
+def fork_server(testbed: Testbed, wanted: bool, run_dir: Path) -> Iterator[ForkServer | None]:
+    """The run's fork server (its output in run_dir/forkserver.log), closed whatever happens; None unless wanted."""
+    if not wanted:
+        yield None
+        return
+    forks = testbed.fabric.fork_server(PRELOAD, run_dir / "forkserver.log", server_env())
+    try:
+        yield forks
+    finally:
+        if forks is not None:
+            forks.close()
 
 
 @contextmanager

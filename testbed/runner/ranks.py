@@ -1,5 +1,10 @@
 """Start one process per rank inside its node with torchrun's environment plus the TESTBED_* contract;
-watch them: fail fast (which rank, why, its last log lines) when one dies, enforce the cell timeout."""
+watch them: fail fast (which rank, why, its last log lines) when one dies, enforce the cell timeout.
+
+Two launchers: `exec` starts every rank as a fresh python through the fabric (any command, any backend); `fork`
+asks a fork server that imported the built-in workload once (testbed.agents.forkserver) to fork each rank into
+its node, so ranks start in milliseconds and share torch's pages. Both give a rank the same environment, log,
+exit status and signals."""
 
 from __future__ import annotations
 
@@ -7,15 +12,36 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.fabric.forkserver import ForkedProcess, ForkServer
 from testbed.plan.network import NetworkPlan, Node
 from testbed.spec.topology import Topology
 
 LOG_TAIL = 12
+WORKLOAD = "testbed.workload"  # the built-in workload: what the fork launcher runs
+PRELOAD = "testbed.workload.preload"  # what its fork server imports once
+LAUNCHERS = ("auto", "fork", "exec")  # auto: fork where the backend can, else exec
+
+
+def workload_argv(args: list[str]) -> list[str]:
+    """The command line of the built-in workload with `args` (what the exec launcher runs)."""
+    return [sys.executable, "-m", WORKLOAD, *args]
+
+
+def base_env() -> dict[str, str]:
+    """This process's environment without the variables the runner sets per rank."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("TESTBED_", "MASTER_", "RANK", "WORLD_"))}
+
+
+def server_env() -> dict[str, str]:
+    """The fork server's environment: what every rank's environment shares that is read at start-up (a fork
+    has started already): one OpenMP thread (so torch's import starts none), unbuffered output."""
+    return {**base_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
@@ -64,18 +90,31 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     return specs
 
 
+def died_order(proc) -> int:
+    """Where the fork server saw `proc` end among its ranks (0: first); 0 for an exec'd one (unknown)."""
+    order = getattr(proc, "order", None)
+    return order if order is not None else 0
+
+
 class RankGroup:
     """The processes of one cell; always reaped (killed if needed) on close()."""
 
-    def __init__(self, fabric, specs: list[RankSpec], argv: list[str], log_dir: Path) -> None:
+    def __init__(self, fabric, specs: list[RankSpec], argv: list[str], log_dir: Path,
+                 forks: ForkServer | None = None) -> None:
+        """Start every rank: forked by `forks` when argv is the built-in workload's, else exec'd by `fabric`."""
         self.specs = specs
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []
         self._logs = []
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("TESTBED_", "MASTER_", "RANK", "WORLD_"))}
+        base = base_env()
+        fork = forks is not None and argv[:3] == workload_argv([])
         try:
             for spec in specs:
+                if fork:
+                    self.procs.append(forks.spawn(spec.node.name, WORKLOAD, argv[3:], {**base, **spec.env},
+                                                  log_dir / f"rank{spec.rank}.log"))
+                    continue
                 log = open(log_dir / f"rank{spec.rank}.log", "wb")
                 self._logs.append(log)
                 self.procs.append(fabric.popen(spec.node.name, argv, env={**base, **spec.env}, stdout=log,
@@ -97,11 +136,13 @@ class RankGroup:
         start = time.monotonic()
         while True:
             codes = [proc.poll() for proc in self.procs]
-            for spec, code in zip(self.specs, codes):
-                if code not in (None, 0):
-                    why = f"signal {-code}" if code < 0 else f"exit code {code}"
-                    return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
-                                   self.tail(spec.rank), time.monotonic() - start)
+            dead = [(died_order(proc), spec, code) for spec, proc, code in zip(self.specs, self.procs, codes)
+                    if code not in (None, 0)]
+            if dead:  # the first to die (where known), else the lowest rank: the others often died of it
+                _, spec, code = min(dead, key=lambda item: (item[0], item[1].rank))
+                why = f"signal {-code}" if code < 0 else f"exit code {code}"
+                return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
+                               self.tail(spec.rank), time.monotonic() - start)
             if all(code == 0 for code in codes):
                 return Outcome(True, seconds=time.monotonic() - start)
             problem = health() if health else None
@@ -122,6 +163,8 @@ class RankGroup:
         proc = self.procs[rank]
         if isinstance(proc, subprocess.Popen):
             os.killpg(proc.pid, number)
+        elif isinstance(proc, ForkedProcess):  # forked here, the leader of its own session, like an exec'd rank
+            proc.send_signal(signal.Signals(number).name.removeprefix("SIG"))
         elif number == signal.SIGKILL:
             proc.kill()
         else:

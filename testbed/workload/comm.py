@@ -43,12 +43,15 @@ class Comm:
             dist.reduce_scatter(shard, list(flat.chunk(g)), group=group)
         return shard
 
-    def all_gather(self, shard: torch.Tensor, group: dist.ProcessGroup, ranks: list[int]) -> torch.Tensor:
+    def all_gather(self, shard: torch.Tensor, group: dist.ProcessGroup, ranks: list[int],
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's shard end to end (into `out` when given: as long as the group's shards together)."""
         g = len(ranks)
         if g == 1:
-            return shard.clone()
+            return out.copy_(shard) if out is not None else shard.clone()
         self.meter.traffic("all_gather", shard.numel() * shard.element_size(), ranks)
-        out = torch.empty(shard.numel() * g, dtype=shard.dtype, device=shard.device)
+        if out is None:
+            out = torch.empty(shard.numel() * g, dtype=shard.dtype, device=shard.device)
         with self.meter.timed("comm_s"):
             dist.all_gather_into_tensor(out, shard, group=group)
         return out

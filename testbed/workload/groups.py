@@ -31,13 +31,15 @@ def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def build_groups(layout: Layout, lanes: int = 1) -> Groups:
-    """Every rank creates every group in the same order (a torch.distributed requirement)."""
+def build_groups(layout: Layout, lanes: int = 1, second_intra: bool = False) -> Groups:
+    """Every rank creates every group in the same order (a torch.distributed requirement). Each group a rank is
+    in costs it connections and gloo's worker threads, so `intra_gather` is a group of its own only with
+    `second_intra` (else it is `intra`), and `lanes` should be 1 unless a strategy spreads chunks over lanes."""
     intra = intra_gather = inter = None
     lane_groups: list[dist.ProcessGroup] = []
     for dc in range(layout.num_dcs):
         group = dist.new_group(layout.dc_ranks(dc))
-        second = dist.new_group(layout.dc_ranks(dc))
+        second = dist.new_group(layout.dc_ranks(dc)) if second_intra else group
         if dc == layout.dc:
             intra, intra_gather = group, second
     for _lane in range(max(1, lanes)):

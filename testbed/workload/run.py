@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from testbed.spec.strategies import OVERLAP
 from testbed.workload import data
 from testbed.workload.comm import Comm
 from testbed.workload.compute import synthetic_seconds
@@ -26,6 +27,12 @@ from testbed.workload.strategies.base import Context
 def model_config(opts: Options):
     cfg = PRESETS[opts.preset]
     return dataclasses.replace(cfg, seq_len=opts.seq_len) if opts.seq_len else cfg
+
+
+def parameter_count(cfg) -> int:
+    """The whole model's parameters, counted on the meta device (nothing allocated, nothing initialised)."""
+    with torch.device("meta"):
+        return count_parameters(GPT(cfg))
 
 
 def train(opts: Options) -> list[dict]:
@@ -49,7 +56,8 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         torch.cuda.set_device(device)
     if opts.inject_delay_ms and device.type == "cuda":
         raise ValueError("--inject-delay-ms is for gloo on loopback; on GPUs shape the links instead")
-    groups = build_groups(layout, lanes=opts.lanes)
+    overlap = opts.strategy in OVERLAP  # the only strategy with a second communication thread and lanes
+    groups = build_groups(layout, lanes=opts.lanes if overlap else 1, second_intra=overlap)
     meter = Meter(layout)
     comm = Comm(meter, inject_delay=opts.inject_delay_ms / 1e3)
     synthetic = None
@@ -63,7 +71,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     writer.write({"event": "start", "rank": layout.rank, "dc": layout.dc, "num_dcs": layout.num_dcs,
                   "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes), "world": layout.world, "strategy": opts.strategy,
                   "options": dataclasses.asdict(opts), "model": dataclasses.asdict(cfg),
-                  "parameters": count_parameters(GPT(cfg)), "corpus_sha256": data.corpus_hash(),
+                  "parameters": parameter_count(cfg), "corpus_sha256": data.corpus_hash(),
                   "backend": backend(), "synthetic_s": synthetic, "time": time.time()})
     ranges = strategy.sample_ranges()
     count = sum(n for _, n in ranges)

@@ -26,6 +26,7 @@ class NetnsBackend(Backend):
     name: ClassVar[str] = "netns"
     summary: ClassVar[str] = "namespaces on this machine"
     State = NetnsState
+    forks_ranks: ClassVar[bool] = True
 
     def plan(self, topology: Topology, shaper: str, prefix: str,
              overrides: dict[str, LinkParams] | None = None) -> NetworkPlan:

@@ -8,6 +8,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from pyroute2 import NetlinkError, NetNS, netns
@@ -19,7 +20,14 @@ from testbed.agents.tc import LinkCounters, add_tree, change_tree, interface_cou
 from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
-from testbed.fabric.netns.namespaces import list_namespaces, remove, set_sysctls
+from testbed.fabric.forkserver import ForkServer
+from testbed.fabric.netns.namespaces import (
+    ensure_neighbour_capacity,
+    list_namespaces,
+    neighbour_entries,
+    remove,
+    set_sysctls,
+)
 from testbed.fabric.state import FabricState, state_dir
 from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import DelayLineSpec
@@ -61,6 +69,13 @@ class NetnsFabric(Fabric):
             raise FabricError(f"plan prefix {plan.prefix!r} differs from fabric prefix {self.prefix!r}")
         self.plan = plan
         self.state = state
+        sizes: dict[int, int] = {}
+        for node in plan.nodes:
+            sizes[node.dc_index] = sizes.get(node.dc_index, 0) + 1
+        links = len({end.key for end in plan.link_ends if end.kind == "inter-dc"}) // 2
+        raised = ensure_neighbour_capacity(neighbour_entries(list(sizes.values()), links))
+        if raised:
+            self._progress(raised)
         try:
             self._build(plan)
             self._start_delay_lines(plan)
@@ -173,6 +188,10 @@ class NetnsFabric(Fabric):
         except OSError as error:
             raise FabricError(f"{node}: {argv[0]}: {error.strerror or error}") from None
         return 127  # not reached
+
+    def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> ForkServer:
+        """One server on this machine forks ranks into any node: a setns is all a node takes."""
+        return ForkServer(preload, log, env, self.namespace)
 
     def namespace(self, node: str) -> str:
         """The namespace of node `node` (a namespace's own name is accepted as well)."""

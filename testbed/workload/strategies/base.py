@@ -60,8 +60,13 @@ class Strategy(ABC):
         return {}
 
 
-def build_model(ctx: Context) -> GPT:
-    """The same initial weights on every rank and in every strategy."""
+def build_model(ctx: Context, weights: bool = True) -> GPT:
+    """The same initial weights on every rank and in every strategy. Without `weights` (synthetic compute that
+    never reads them) the parameters are left uninitialised: no random init, and their pages are never touched,
+    so they take no memory; only their shapes (and their gradients' bytes) matter."""
+    if not weights:
+        with torch.device("meta"):
+            return GPT(ctx.cfg).to_empty(device=ctx.device)
     torch.manual_seed(ctx.opts.seed)  # initialised on the CPU: identical on every rank and device
     return GPT(ctx.cfg).to(ctx.device)
 

@@ -37,6 +37,7 @@ def _outer_optimizer(params: list[torch.Tensor], lr: float, momentum: float) -> 
 
 class DiLoCo(DataParallel):
     name = "diloco"
+    reads_weights_when_synthetic = True  # the outer step moves the weights' difference
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)

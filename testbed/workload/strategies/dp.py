@@ -33,13 +33,21 @@ from testbed.workload.strategies.base import Context, MicroBatch, Strategy, buil
 class DataParallel(Strategy):
     """Shared machinery: model replica, gradient accumulation over micro-batches, optimizer."""
 
+    reads_weights_when_synthetic = False  # synthetic steps fill gradients and never step: the weights go unread
+
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        self.model = build_model(ctx)
+        weights = ctx.synthetic_s is None or self.reads_weights_when_synthetic or bool(ctx.opts.dump_dir)
+        self.model = build_model(ctx, weights)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.params = [param for _, param in self.model.named_parameters()]
+        # every gradient is a view of one flat buffer (as DDP's gradient_as_bucket_view): the whole-model
+        # collectives then work on it in place instead of on a concatenated copy and a result copy
+        self.grad_flat = torch.zeros(sum(p.numel() for p in self.params), device=ctx.device)
+        offset = 0
         for param in self.params:
-            param.grad = torch.zeros_like(param)
+            param.grad = self.grad_flat[offset: offset + param.numel()].view_as(param)
+            offset += param.numel()
         self.optimizer = make_optimizer(self.params, ctx.opts)
         self.codec = make_codec(ctx.opts.compression)
         self._last_grads: dict[str, torch.Tensor] = {}
@@ -86,13 +94,21 @@ class DataParallel(Strategy):
 
     # --- gradient sync -------------------------------------------------------------------------------
     def flat_gradients(self, params: list[torch.nn.Parameter], multiple: int = 1) -> torch.Tensor:
+        """The gradients of `params` end to end, zero-padded to a multiple of `multiple`: the flat buffer
+        itself (no copy) for all of them when no padding is needed."""
+        if params is self.params and self.grad_flat.numel() % multiple == 0:
+            return self.grad_flat
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         pad = (-flat.numel()) % multiple
         return torch.nn.functional.pad(flat, (0, pad)) if pad else flat
 
     def write_gradients(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
-        offset = 0
+        """Set the gradients of `params` to the sum `flat` over the world's ranks, divided by their number."""
         scale = 1.0 / self.ctx.layout.world
+        if flat is self.grad_flat:  # summed in place
+            flat.mul_(scale)
+            return
+        offset = 0
         for param in params:
             n = param.numel()
             param.grad.copy_(flat[offset: offset + n].view_as(param)).mul_(scale)
@@ -103,7 +119,7 @@ class DataParallel(Strategy):
         groups, comm = self.ctx.groups, self.ctx.comm
         shard = comm.reduce_scatter(flat, groups.intra, groups.intra_ranks)
         shard = comm.compressed_all_reduce(shard, groups.inter, groups.inter_ranks, self.codec, key)
-        return comm.all_gather(shard, groups.intra, groups.intra_ranks)
+        return comm.all_gather(shard, groups.intra, groups.intra_ranks, out=flat if flat is self.grad_flat else None)
 
     def sync(self) -> None:
         raise NotImplementedError
@@ -139,7 +155,11 @@ class FlatDP(DataParallel):
     def sync(self) -> None:
         world = list(range(self.ctx.layout.world))
         flat = self.flat_gradients(self.params)
-        summed = self.ctx.comm.compressed_all_reduce(flat, dist.group.WORLD, world, self.codec, "all")
+        if flat is self.grad_flat and self.codec.name == "none":
+            self.ctx.comm.all_reduce(flat, dist.group.WORLD, world)  # in place: the buffer holds the sum
+            summed = flat
+        else:
+            summed = self.ctx.comm.compressed_all_reduce(flat, dist.group.WORLD, world, self.codec, "all")
         self.write_gradients(self.params, summed)
 
 

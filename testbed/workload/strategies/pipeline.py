@@ -99,7 +99,7 @@ class Pipeline(Strategy):
         self.p, self.stage = layout.num_dcs, layout.dc
         self.v = opts.virtual_chunks if opts.schedule == "interleaved-1f1b" else 1
         self.m = opts.micro_batches
-        full: GPT = build_model(ctx)
+        full: GPT = build_model(ctx, ctx.synthetic_s is None or bool(opts.dump_dir))  # synthetic: weights unread
         modules = list(full)
         bounds = split_points(len(modules), self.p * self.v)
         self.global_chunks = [self.stage + k * self.p for k in range(self.v)]  # virtual k -> global chunk
@@ -118,6 +118,10 @@ class Pipeline(Strategy):
         self.optimizer = make_optimizer(self.params, opts)
         self.last_chunk = self.p * self.v - 1
         self.shape = (opts.micro_batch, ctx.cfg.seq_len, ctx.cfg.d_model)
+        # synthetic compute sends activations' and gradients' bytes, never their values: one zero tensor of each
+        # shape serves every micro-batch (sends only read it), so no activation is allocated per micro-batch
+        self._zeros = torch.zeros(self.shape, device=ctx.device) if ctx.synthetic_s is not None else None
+        self._zero_loss = torch.zeros((), device=ctx.device)
         self.lookahead = self._lookahead() if opts.schedule == "overlap" else 0
         self.ops = schedule_ops(opts.schedule, self.p, self.stage, self.m, self.v, self.lookahead)
         # Pipeline replicas: as many as the largest DC has ranks; rank j of a DC with n ranks serves the
@@ -236,7 +240,7 @@ class Pipeline(Strategy):
                 start = time.perf_counter()
                 if synthetic:
                     sleep_until(start + t_fwd)
-                    out = torch.zeros(self.shape, device=ctx.device) if g < self.last_chunk else torch.zeros(())
+                    out = self._zeros if g < self.last_chunk else self._zero_loss
                     saved[(g, mb)] = (None, out)
                 else:
                     if g > 0:
@@ -256,7 +260,7 @@ class Pipeline(Strategy):
                 start = time.perf_counter()
                 if synthetic:
                     sleep_until(start + t_bwd)
-                    grad_in = torch.zeros(self.shape, device=ctx.device) if g > 0 else None
+                    grad_in = self._zeros if g > 0 else None
                 else:
                     out.backward(grad)
                     ctx.synchronize()
