@@ -37,7 +37,9 @@ class DataParallel(Strategy):
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        weights = ctx.synthetic_s is None or self.reads_weights_when_synthetic or bool(ctx.opts.dump_dir)
+        # SDC checks digest the weights across replicas: uninitialised ones differ from rank to rank
+        weights = (ctx.synthetic_s is None or self.reads_weights_when_synthetic or bool(ctx.opts.dump_dir)
+                   or checking_from_env())
         self.model = build_model(ctx, weights)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.params = [param for _, param in self.model.named_parameters()]
