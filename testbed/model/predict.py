@@ -1,0 +1,123 @@
+"""Predict the cells of an experiment (before running) or of a run (with each cell's measured round trips),
+from the topology, the cell's options and links and a calibration."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from testbed.model import shapes
+from testbed.model.calibration import Calibration, load_calibration
+from testbed.model.network import build_network
+from testbed.model.strategies import CellModel, Prediction, predict
+from testbed.plan.cells import Cell, plan_cells
+from testbed.spec.experiment import Experiment
+from testbed.spec.strategies import Options
+from testbed.spec.topology import Topology
+
+CALIBRATION_FILE = "calibration.json"
+
+
+class NoComputeProfile(ValueError):
+    """Real compute without a measured profile of this model and micro-batch; str() says how to get one."""
+
+
+def compute_seconds(opts: Options, calibration: Calibration) -> float:
+    """Forward+backward of one micro-batch of the whole model on one rank: the synthetic setting, or the
+    calibration's measured profile."""
+    cfg = shapes.config(opts)
+    if opts.synthetic and opts.compute_ms is not None:
+        return opts.compute_ms / 1e3
+    if opts.synthetic and opts.device_tflops:
+        return shapes.flops_per_token(cfg) * opts.micro_batch * cfg.seq_len / (opts.device_tflops * 1e12)
+    seconds = calibration.compute_seconds(opts.preset, opts.micro_batch, cfg.seq_len)
+    if seconds is None:
+        raise NoComputeProfile(f"no compute profile for preset {opts.preset} at micro_batch {opts.micro_batch}: "
+                               "run `testbed calibrate EXPERIMENT` (it profiles the experiment's model)")
+    return seconds
+
+
+def link_rtt(links: Mapping[str, Mapping[str, Any]]) -> float:
+    """What the runner hands the overlap schedule: the largest configured inter-DC round trip."""
+    return max((2 * float(v.get("latency", 0.0)) for v in links.values()), default=0.0)
+
+
+@dataclass
+class CellPrediction:
+    cell: str
+    strategy: str
+    baseline: bool
+    sweep: dict[str, Any]
+    prediction: Prediction
+    kernel_bytes_per_step: float  # all inter-DC link directions, as the kernel counters count them
+
+    def row(self) -> dict[str, Any]:
+        p = self.prediction
+        return {"cell": self.cell, "strategy": self.strategy, "baseline": self.baseline, **self.sweep,
+                "step_s_predicted": p.step_s, "tokens_per_s_predicted": p.tokens_per_s,
+                "compute_s_predicted": p.compute_s, "exposed_s_predicted": p.exposed_s,
+                "bubble_ratio_predicted": p.bubble_ratio,
+                "inter_dc_bytes_predicted": self.kernel_bytes_per_step, "explain": p.explain}
+
+
+def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration: Calibration, *,
+                 ranks_per_node: int = 1, warmup_steps: int = 0,
+                 rtts: Mapping[tuple[str, str], float] | None = None) -> CellPrediction:
+    """`cell`: a planned Cell or the `cell` mapping of a result.json. `rtts`: measured (src, dst) round trips."""
+    data = cell if isinstance(cell, Mapping) else {"id": cell.id, "strategy": cell.strategy, "options": cell.options,
+                                                   "links": cell.links, "sweep": cell.sweep,
+                                                   "baseline": cell.baseline}
+    options = {k: v for k, v in data["options"].items() if k in Options.__pydantic_fields__}
+    opts = Options(**options)
+    network = build_network(topology, data["links"], ranks_per_node, rtts)
+    model = CellModel(opts, network, calibration.transport, compute_seconds(opts, calibration), warmup_steps,
+                      link_rtt(data["links"]))
+    prediction = predict(model)
+    t = calibration.transport
+    steps = max(1, opts.steps)
+    kernel = (prediction.inter_dc_bytes * (1 + t.wire_overhead) * steps + t.fixed_bytes) / steps
+    return CellPrediction(data["id"], data["strategy"], bool(data.get("baseline")), dict(data.get("sweep", {})),
+                          prediction, kernel)
+
+
+def predict_experiment(experiment: Experiment, topology: Topology, calibration: Calibration) -> list[CellPrediction]:
+    """Every cell the experiment would run, predicted from configured links (nothing is built)."""
+    ranks = experiment.workload.ranks_per_node
+    return [predict_cell(topology, cell, calibration, ranks_per_node=ranks,
+                         warmup_steps=experiment.workload.warmup_steps) for cell in plan_cells(experiment, topology)]
+
+
+def probe_rtts(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """Measured round trips of a cell's link calibration, (src, dst) -> seconds."""
+    return {(p["src"], p["dst"]): p["rtt_p50_ms"] / 1e3 for p in result.get("calibration") or []
+            if p.get("rtt_p50_ms") is not None and p.get("rtt_configured_ms", 0) > 0}
+
+
+def run_calibration(run_dir: Path) -> Calibration | None:
+    path = Path(run_dir) / CALIBRATION_FILE
+    return load_calibration(path) if path.exists() else None
+
+
+def predict_run(run_dir: Path, results: list[dict], calibration: Calibration | None = None) -> list[CellPrediction]:
+    """Each completed cell of a run, predicted with its own measured round trips and the run's calibration."""
+    from testbed.spec.topology import topology_from_data
+
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    calibration = calibration or run_calibration(run_dir)
+    if calibration is None or "topology" not in manifest:
+        return []
+    topology = topology_from_data(manifest["topology"])
+    out = []
+    for result in results:
+        cell = result["cell"]
+        if "strategy" not in cell.get("options", {}):
+            continue  # a user's own command: nothing to predict
+        try:
+            out.append(predict_cell(topology, cell, calibration, ranks_per_node=result.get("ranks_per_node", 1),
+                                    warmup_steps=manifest.get("warmup_steps", 0), rtts=probe_rtts(result)))
+        except (NoComputeProfile, KeyError):
+            continue
+    return out

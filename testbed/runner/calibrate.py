@@ -1,0 +1,65 @@
+"""Measure what the cost model needs on a running testbed: the links' round trips, every rank running the
+calibration micro-benchmarks (testbed.workload.calibrate) with the kernel counters of every inter-DC link end
+read around them, and hand the records to testbed.model.calibration to fit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.fabric.control import Testbed
+from testbed.runner.ranks import RankGroup, rank_layout
+
+
+def benchmark_argv(sizes: list[int] | None = None, preset: str | None = None, micro_batch: int = 4,
+                   seq_len: int | None = None, reps: int = 2, lanes: int = 4) -> list[str]:
+    argv = [sys.executable, "-m", "testbed.workload.calibrate", "--reps", str(reps), "--lanes", str(lanes),
+            "--micro-batch", str(micro_batch)]
+    if sizes:
+        argv += ["--sizes", ",".join(map(str, sizes))]
+    if preset:
+        argv += ["--preset", preset]
+    if seq_len:
+        argv += ["--seq-len", str(seq_len)]
+    return argv
+
+
+def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node: int = 1,
+            timeout: float = 600) -> dict[str, Any]:
+    """Run the micro-benchmarks as every rank; returns {'records', 'probe', 'link_bytes', 'links', 'world'}.
+    Raises RuntimeError naming the rank when one fails."""
+    from testbed.runner.experiment import calibrate as probe_links
+    from testbed.runner.experiment import counter_delta, inter_dc_counters
+
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    metrics, logs = work_dir / "metrics", work_dir / "logs"
+    metrics.mkdir(parents=True)
+    probe = probe_links(testbed, "rtt")
+    before = inter_dc_counters(testbed)
+    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics)
+    group = RankGroup(testbed.fabric, specs, argv, logs)
+    try:
+        outcome = group.watch(timeout)
+    finally:
+        group.close()
+    testbed.fabric.fetch_outputs(metrics)
+    after = inter_dc_counters(testbed)
+    if not outcome.ok:
+        tail = "; ".join((outcome.log_tail or [])[-3:])
+        raise RuntimeError(f"calibration benchmark failed: {outcome.reason}{': ' + tail if tail else ''}")
+    records = []
+    for path in sorted(metrics.glob("calib*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {"records": records, "probe": probe, "link_bytes": counter_delta(before, after),
+            "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
+            "link_params": {k: _params(testbed, k) for k in after}, "world": len(specs),
+            "seconds": outcome.seconds}
+
+
+def _params(testbed: Testbed, key: str) -> dict[str, Any]:
+    params = testbed.plan.link_end(key).shaping.params
+    return {"latency": params.latency, "bandwidth": params.bandwidth, "jitter": params.jitter, "loss": params.loss}
