@@ -119,6 +119,39 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
     return frame
 
 
+PREDICTED = ("step_s_predicted", "tokens_per_s_predicted", "inter_dc_bytes_predicted", "exposed_s_predicted",
+             "bubble_ratio_predicted")
+
+
+def add_predictions(summary: pd.DataFrame, run_dir: Path, results: list[dict]) -> pd.DataFrame:
+    """The cost model's prediction beside each cell's measurement (testbed.model, from the run's calibration
+    and the cell's measured round trips): step_s_predicted (the mean step), tokens_per_s_predicted,
+    inter_dc_bytes_predicted (per step, as the kernel counters count them), the model's explanation, and the
+    errors predicted/measured - 1 of the mean step and of the bytes. Nothing is added without a calibration."""
+    from testbed.model.predict import predict_run
+
+    if summary.empty:
+        return summary
+    try:
+        predictions = {p.cell: p.row() for p in predict_run(run_dir, results)}
+    except (OSError, ValueError) as error:  # an unreadable calibration: the report says so instead
+        summary["model_note"] = f"no predictions: {error}"
+        return summary
+    if not predictions:
+        return summary
+    for column in (*PREDICTED, "explain"):
+        summary[column if column != "explain" else "model_explain"] = [
+            predictions.get(cell, {}).get(column) for cell in summary["cell"]]
+    for column in PREDICTED:
+        summary[column] = pd.to_numeric(summary[column], errors="coerce")
+    if "step_s_mean" in summary:
+        summary["step_error"] = summary["step_s_predicted"] / summary["step_s_mean"] - 1
+    if "inter_dc_gb_per_step" in summary:
+        measured = summary["inter_dc_gb_per_step"] * 1e9
+        summary["bytes_error"] = (summary["inter_dc_bytes_predicted"] / measured).where(measured > 0) - 1
+    return summary
+
+
 def _efficiencies(frame: pd.DataFrame, workload_keys: list[str]) -> tuple[list, list]:
     """Each cell's tokens/s over its own strategy's baseline (median over repetitions), and over the best
     strategy's baseline, both at the same workload sweep values (None where there is no baseline)."""
@@ -148,7 +181,8 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     numeric = [c for c in ("tokens_per_s", "scaling_efficiency", "efficiency_vs_single_site", "step_s_median",
                            "step_s_p90", "step_s_mean", "exposed_comm_share",
                            "bubble_ratio", "inter_dc_gb_per_step", "workload_wire_inter_gb_per_step",
-                           "workload_payload_inter_gb_per_step", "final_loss") if c in summary]
+                           "workload_payload_inter_gb_per_step", "final_loss", *PREDICTED, "step_error",
+                           "bytes_error") if c in summary]
     ok = summary[summary["status"] == "ok"].copy()
     for key in keys:
         ok[key] = ok[key].astype(str)

@@ -100,8 +100,9 @@ def load_calibration(path: str | Path) -> Calibration:
 
 # --- from the benchmark's records to samples -------------------------------------------------------------------
 
-def samples_from_records(records: Iterable[dict]) -> list[dict[str, Any]]:
-    """One sample per measured operation: from the last rank entering it to the last rank leaving it."""
+def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> list[dict[str, Any]]:
+    """One sample per measured operation: from the last rank entering it to the last rank leaving it (ranks on
+    one host share CLOCK_MONOTONIC); on hosts of their own, the longest any rank spent in it."""
     groups: dict[tuple, list[dict]] = {}
     for record in records:
         if record.get("event") != "op":
@@ -113,7 +114,8 @@ def samples_from_records(records: Iterable[dict]) -> list[dict[str, Any]]:
     for (op, group, nbytes, concurrency, mode, rep, pair), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
         out.append({"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
                     "pair": pair,
-                    "seconds": max(r["end"] for r in items) - max(r["start"] for r in items),
+                    "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
+                    else max(r["end"] - r["start"] for r in items),
                     "ranks": len(items)})
     return out
 
@@ -243,7 +245,7 @@ def fit(topology: Topology, measured: dict[str, Any], ranks_per_node: int = 1) -
     rtts = {(p["src"], p["dst"]): p["rtt_p50_ms"] / 1e3 for p in measured.get("probe", [])
             if p.get("rtt_p50_ms") is not None}
     network = build_network(topology, measured["link_params"], ranks_per_node, rtts)
-    samples = samples_from_records(measured["records"])
+    samples = samples_from_records(measured["records"], measured.get("shared_clock", True))
     transport, summary = fit_transport(network, samples)
     payload = benchmark_payload(network, transport, samples)
     kernel = sum(v.get("tx_bytes", 0) for v in measured.get("link_bytes", {}).values())

@@ -63,3 +63,32 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
 def _params(testbed: Testbed, key: str) -> dict[str, Any]:
     params = testbed.plan.link_end(key).shaping.params
     return {"latency": params.latency, "bandwidth": params.bandwidth, "jitter": params.jitter, "loss": params.loss}
+
+
+def workload_profile(experiment: Any) -> dict[str, Any]:
+    """The model and micro-batch whose forward+backward the benchmark profiles: an experiment's, when it runs
+    real compute (or synthetic compute timed by measuring); none otherwise."""
+    if experiment is None:
+        return {}
+    wl = experiment.workload
+    if wl.compute == "synthetic" and (wl.compute_ms is not None or wl.device_tflops is not None):
+        return {}
+    return {"preset": wl.preset, "micro_batch": wl.micro_batch, "seq_len": wl.seq_len}
+
+
+def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, *, ranks_per_node: int = 1,
+                      sizes: list[int] | None = None, reps: int = 1, timeout: float = 600):
+    """Measure and fit: a testbed.model Calibration for this testbed as its links are now."""
+    import os
+    import platform
+    from datetime import datetime, timezone
+
+    from testbed.model.calibration import fit
+
+    argv = benchmark_argv(sizes or [65536, 2097152], reps=reps, lanes=4, **workload_profile(experiment))
+    measured = measure(testbed, work_dir, argv, ranks_per_node=ranks_per_node, timeout=timeout)
+    measured["machine"] = {"kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
+                           "shaper": testbed.plan.shaper, "measured": datetime.now(timezone.utc).isoformat()}
+    measured["shared_clock"] = testbed.state.backend != "ssh"
+    (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
+    return fit(testbed.topology, measured, ranks_per_node)

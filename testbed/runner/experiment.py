@@ -196,6 +196,8 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     with fabric(topology, path, prefix, shaper, backend) as testbed:
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
+        if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
+            calibrate_for_model(testbed, run_dir, experiment, progress)
         for cell in todo:
             cancel.check()
             argv = [sys.executable, "-m", "testbed.workload", *cell.workload_args()]
@@ -207,6 +209,26 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)
+
+
+CALIBRATION_FILE = "calibration.json"  # testbed.model.predict reads it from the run directory
+
+
+def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment, progress: Any = None) -> None:
+    """The cost model's calibration for this run (collective micro-benchmarks over the links as the topology
+    sets them, the model's compute profile), written to the run directory. A failure is recorded, not fatal:
+    the cells still run, without predictions."""
+    from testbed.runner.calibrate import calibrate_testbed
+
+    if progress:
+        progress.console.print("[dim]calibrating the cost model (collective micro-benchmarks)[/dim]")
+    try:
+        calibration = calibrate_testbed(testbed, run_dir / "calibration", experiment,
+                                        ranks_per_node=experiment.workload.ranks_per_node)
+    except Exception as error:  # the run goes on without predictions
+        atomic_write(run_dir / "calibration-failed.txt", f"{type(error).__name__}: {error}\n")
+        return
+    calibration.save(run_dir / CALIBRATION_FILE)
 
 
 @contextmanager
