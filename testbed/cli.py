@@ -536,6 +536,86 @@ def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<ex
         raise typer.Exit(1)
 
 
+@app.command()
+def calibrate(target: Path = typer.Argument(..., help="A topology, or an experiment (its topology; its model is "
+                                                      "profiled when it runs real compute)."),
+              output: Path = typer.Option(Path("calibration.json"), "-o", "--output", help="Calibration file to write."),
+              shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+              backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+              known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+              image: str = ImageOption, prefix: str = PrefixOption) -> None:
+    """Measure the cost model's calibration on this machine's emulated links: collective micro-benchmarks per DC
+    pair (and the model's compute), fitted; `plan` and `whatif` accept the file."""
+    from testbed.runner.calibrate import calibrate_file
+
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image)
+    cancel.install()
+    calibration = _guard(lambda: calibrate_file(target, output, prefix=prefix, shaper=shaper, backend=chosen_backend))
+    fit = calibration.fit
+    out.print(f"[green]calibrated[/green]: {output} ({fit.get('samples')} measurements, median error "
+              f"{fit.get('median_abs_error', 0):.1%}, p90 {fit.get('p90_abs_error', 0):.1%})")
+
+
+@app.command(name="plan")
+def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+          calibration: Optional[Path] = typer.Option(None, "--calibration", help="A file from `testbed calibrate` "
+                                                     "(or a run's calibration.json)."),
+          as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+          search: bool = typer.Option(False, "--search", help="Explore strategy options; recommend one per point.")
+          ) -> None:
+    """Predict every cell of an experiment without building anything (no root) and name the fastest strategy
+    at each sweep point."""
+    from testbed.model.calibration import CalibrationError
+    from testbed.model.commands import plan_experiment
+    from testbed.model.predict import NoComputeProfile
+
+    try:
+        result = _guard(lambda: plan_experiment(experiment, calibration, with_search=search))
+    except (CalibrationError, NoComputeProfile) as error:
+        _fail(f"{experiment}: {error}" if isinstance(error, NoComputeProfile) else str(error))
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+        return
+    out.print(f"[bold]plan[/bold] {result['experiment']}: calibration {result['calibration']}")
+    table = Table("cell", "step s", "tokens/s", "exposed s", "inter-DC MB/step", "where the time goes", title="predicted")
+    for cell in result["cells"]:
+        table.add_row(cell["cell"], f"{cell['step_s_predicted']:.3f}", f"{cell['tokens_per_s_predicted']:,.0f}",
+                      f"{cell['exposed_s_predicted']:.3f}", f"{cell['inter_dc_bytes_predicted'] / 1e6:.2f}",
+                      cell["explain"])
+    out.print(table)
+    for point, strategy in result["best"].items():
+        out.print(f"best at {point or 'every cell'}: [bold]{escape(strategy)}[/bold]", highlight=False)
+    for point, found in result.get("search", {}).items():
+        best = found["recommended"]
+        options = ", ".join(f"{k}={v}" for k, v in best["options"].items()) or "its defaults"
+        out.print(f"recommended at {point or 'every cell'} ({found['candidates']} configurations): "
+                  f"[bold]{best['strategy']}[/bold] with {escape(options)}: {best['tokens_per_s_predicted']:,.0f} "
+                  "tokens/s predicted", highlight=False)
+
+
+@app.command()
+def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenarios/)."),
+           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the table, plot and report go "
+                                                  "(default results/whatif/<name>).")) -> None:
+    """Predicted scaling efficiency per strategy against distance and inter-DC bandwidth, at real scale."""
+    from testbed.model.commands import whatif_scenario
+
+    result = _guard(lambda: whatif_scenario(scenario, out_dir))
+    table = Table("strategy", "efficiency", "step s", "bandwidth for target (Gbit/s)", "distance for target (km)",
+                  title=f"{result['scenario'].name} at the reference point "
+                        f"(target {result['scenario'].target_efficiency:.0%})")
+    import pandas as pd
+
+    for row in pd.read_csv(result["files"]["answers"]).to_dict("records"):
+        def fmt(value: Any) -> str:
+            return "never" if pd.isna(value) else f"{value:,.0f}"
+
+        table.add_row(row["strategy"], f"{row['efficiency']:.1%}", f"{row['step_s']:.2f}",
+                      fmt(row["bandwidth_for_target_gbit"]), fmt(row["distance_for_target_km"]))
+    out.print(table)
+    out.print(f"table: {result['files']['table']}\nplot: {result['files']['plot']}\nreport: {result['files']['report']}")
+
+
 hosts_app = typer.Typer(help="Real hosts over SSH (inventory files).", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
 

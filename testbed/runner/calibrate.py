@@ -92,3 +92,28 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     measured["shared_clock"] = testbed.state.backend != "ssh"
     (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
     return fit(testbed.topology, measured, ranks_per_node)
+
+
+def calibrate_file(path: Path, output: Path, *, prefix: str, shaper: str = "auto", backend: Any = None,
+                   ranks_per_node: int = 1, sizes: list[int] | None = None, reps: int = 2) -> Any:
+    """`testbed calibrate TOPOLOGY|EXPERIMENT`: bring the topology up (an experiment's, with its model profiled),
+    measure, fit, write the calibration file, tear down. Returns the Calibration."""
+    import yaml
+
+    from testbed.fabric.control import Backend
+    from testbed.runner.experiment import fabric
+    from testbed.spec.experiment import load_experiment
+    from testbed.spec.topology import load_topology
+
+    text = yaml.safe_load(Path(path).read_text()) if Path(path).exists() else None
+    experiment = None
+    if isinstance(text, dict) and "strategies" in text:
+        experiment, topology = load_experiment(path)
+        ranks_per_node = experiment.workload.ranks_per_node
+    else:
+        topology = load_topology(path)
+    with fabric(topology, Path(path), prefix, shaper, backend or Backend()) as testbed:
+        calibration = calibrate_testbed(testbed, output.parent / (output.stem + "-work"), experiment,
+                                        ranks_per_node=ranks_per_node, sizes=sizes, reps=reps)
+    calibration.save(output)
+    return calibration
