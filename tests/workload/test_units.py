@@ -164,3 +164,17 @@ def test_the_workload_command_line_comes_from_the_option_definitions(capsys):
             parser().parse_args(bad)
         assert caught.value.code == 2 and needle in capsys.readouterr().err
     assert all(type(make_strategy(name)).name == name for name in STRATEGIES)
+
+
+def test_the_cost_model_counts_the_real_model_without_torch():
+    """testbed.model.shapes (no torch) against the workload's modules: parameters in order, buckets, pipeline chunks."""
+    from testbed.model import shapes
+    from testbed.spec.presets import PRESETS
+    from testbed.workload.model import GPT, split_points
+
+    for cfg in PRESETS.values():
+        model = GPT(cfg)
+        assert shapes.tensors(cfg) == [p.numel() for p in model.parameters()]
+        modules = list(model)
+        assert shapes.chunk_parameters(cfg, 3) == [sum(p.numel() for m in modules[lo:hi] for p in m.parameters())
+                                                   for lo, hi in split_points(len(modules), 3)]
