@@ -569,10 +569,12 @@ def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
     from testbed.model.commands import plan_experiment
     from testbed.model.predict import NoComputeProfile
 
-    try:
-        result = _guard(lambda: plan_experiment(experiment, calibration, with_search=search))
-    except (CalibrationError, NoComputeProfile) as error:
-        _fail(f"{experiment}: {error}" if isinstance(error, NoComputeProfile) else str(error))
+    try:  # not _guard: its SSH error type would import paramiko, and plan must start fast
+        result = plan_experiment(experiment, calibration, with_search=search)
+    except (SpecError, CalibrationError) as error:
+        _fail(str(error))
+    except NoComputeProfile as error:
+        _fail(f"{experiment}: {error}")
     if as_json:
         print(json.dumps(result, indent=1, default=str))
         return
@@ -600,7 +602,10 @@ def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenar
     """Predicted scaling efficiency per strategy against distance and inter-DC bandwidth, at real scale."""
     from testbed.model.commands import whatif_scenario
 
-    result = _guard(lambda: whatif_scenario(scenario, out_dir))
+    try:
+        result = whatif_scenario(scenario, out_dir)
+    except SpecError as error:
+        _fail(str(error))
     table = Table("strategy", "efficiency", "step s", "bandwidth for target (Gbit/s)", "distance for target (km)",
                   title=f"{result['scenario'].name} at the reference point "
                         f"(target {result['scenario'].target_efficiency:.0%})")
