@@ -205,6 +205,35 @@ def calculator_outer_seconds(s: Scenario, bandwidth: float) -> float:
     return 2 * model_bytes / (bandwidth / 8) * (1 - 1 / s.dcs)
 
 
+CALCULATOR_TEXT = ("The calculators' outer synchronisation is the flat-ring bound (2N bytes / W)(1 - 1/R) with no "
+                   "latency term; ours adds the ring's round trips and the transport's window (flows x window / RTT "
+                   "caps the rate over a long link), so it needs more bandwidth for the same utilisation where the "
+                   "window, not the line, is the limit; at short distances the two agree.")
+
+
+def calculator_table(s: Scenario) -> pd.DataFrame:
+    """Compute utilisation of every DiLoCo strategy at the reference distance against bandwidth: ours and the
+    calculators' formula (plain DiLoCo: the outer sync in sequence with the inner steps)."""
+    rows = []
+    tc = compute_seconds(s)
+    for strategy in s.strategies:
+        if strategy.kind not in ("diloco", "streaming-diloco"):
+            continue
+        for bandwidth in s.sweep.bandwidth:
+            ours = evaluate_point(s, strategy, s.reference["distance"], bandwidth).efficiency
+            outer = calculator_outer_seconds(s, bandwidth)
+            if strategy.kind == "diloco":
+                theirs = tc / (tc + outer / strategy.inner_steps)
+            else:
+                frag = outer / strategy.fragments
+                theirs = tc / (tc + strategy.fragments * max(0.0, frag - strategy.overlap_steps * tc) /
+                               strategy.inner_steps)
+            rows.append({"strategy": strategy.name, "bandwidth_gbit": bandwidth / 1e9,
+                         "distance_km": s.reference["distance"] / 1e3, "utilisation_ours": ours,
+                         "utilisation_calculator_formula": theirs})
+    return pd.DataFrame(rows)
+
+
 def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
     """table.csv, answers.csv, efficiency.png (against distance and against bandwidth) and report.md."""
     import matplotlib
@@ -236,6 +265,9 @@ def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, 
     fig.tight_layout()
     fig.savefig(out_dir / "efficiency.png", dpi=100)
     plt.close(fig)
+    beside = calculator_table(s)
+    if not beside.empty:
+        beside.to_csv(out_dir / "calculator.csv", index=False)
     md = [f"# what-if: {s.name}", "", s.description.strip(), "",
           f"Single-site step: {compute_seconds(s):.2f} s ({s.gpus_per_dc} GPUs per DC x {s.dcs} DCs, "
           f"{s.gpu.peak_tflops:g} TFLOP/s at MFU {s.gpu.mfu:.0%}).", "",
@@ -243,6 +275,9 @@ def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, 
           "## Published", "", *[f"- `{k}`: {v}" for k, v in s.published.items()], "",
           "## Assumed", "", *[f"- `{k}`: {v}" for k, v in s.assumed.items()], "",
           "![efficiency](efficiency.png)", ""]
+    if not beside.empty:
+        md += ["## Beside the DiLoCo bandwidth calculators", "", CALCULATOR_TEXT, "",
+               beside.to_markdown(index=False, floatfmt=".3g"), ""]
     (out_dir / "report.md").write_text("\n".join(md))
     return {"table": out_dir / "table.csv", "answers": out_dir / "answers.csv", "plot": out_dir / "efficiency.png",
             "report": out_dir / "report.md"}
