@@ -85,7 +85,7 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
 
     from testbed.model.calibration import fit
 
-    argv = benchmark_argv(sizes or [65536, 2097152], reps=reps, lanes=4, **workload_profile(experiment))
+    argv = benchmark_argv(sizes or [65536, 4194304], reps=reps, lanes=4, **workload_profile(experiment))
     measured = measure(testbed, work_dir, argv, ranks_per_node=ranks_per_node, timeout=timeout)
     measured["machine"] = {"kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
                            "shaper": testbed.plan.shaper, "measured": datetime.now(timezone.utc).isoformat()}

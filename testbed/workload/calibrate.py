@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Collective and compute micro-benchmarks for the cost model.")
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes per operation")
     parser.add_argument("--reps", type=int, default=2, help="repetitions of each measurement")
-    parser.add_argument("--idle-s", type=float, default=0.8, help="idle gap before a 'cold' measurement (s)")
+    parser.add_argument("--idle-s", type=float, default=0.5, help="idle gap before a 'cold' measurement (s)")
     parser.add_argument("--lanes", type=int, default=4, help="concurrent inter-DC all-reduces to measure")
     parser.add_argument("--preset", default=None, help="model preset to profile forward+backward of (none: skip)")
     parser.add_argument("--micro-batch", type=int, default=4)
