@@ -581,16 +581,16 @@ def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
     out.print(f"[bold]plan[/bold] {result['experiment']}: calibration {result['calibration']}")
     table = Table("cell", "step s", "tokens/s", "exposed s", "inter-DC MB/step", "where the time goes", title="predicted")
     for cell in result["cells"]:
-        table.add_row(cell["cell"], f"{cell['step_s_predicted']:.3f}", f"{cell['tokens_per_s_predicted']:,.0f}",
+        table.add_row(escape(cell["cell"]), f"{cell['step_s_predicted']:.3f}", f"{cell['tokens_per_s_predicted']:,.0f}",
                       f"{cell['exposed_s_predicted']:.3f}", f"{cell['inter_dc_bytes_predicted'] / 1e6:.2f}",
-                      cell["explain"])
+                      escape(cell["explain"]))
     out.print(table)
     for point, strategy in result["best"].items():
-        out.print(f"best at {point or 'every cell'}: [bold]{escape(strategy)}[/bold]", highlight=False)
+        out.print(f"best at {escape(point or 'every cell')}: [bold]{escape(strategy)}[/bold]", highlight=False)
     for point, found in result.get("search", {}).items():
         best = found["recommended"]
         options = ", ".join(f"{k}={v}" for k, v in best["options"].items()) or "its defaults"
-        out.print(f"recommended at {point or 'every cell'} ({found['candidates']} configurations): "
+        out.print(f"recommended at {escape(point or 'every cell')} ({found['candidates']} configurations): "
                   f"[bold]{best['strategy']}[/bold] with {escape(options)}: {best['tokens_per_s_predicted']:,.0f} "
                   "tokens/s predicted", highlight=False)
 

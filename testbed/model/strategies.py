@@ -67,6 +67,14 @@ class Prediction:
         return self.bubble_s / self.pipeline_s if self.pipeline_s > 0 else None
 
 
+def _round_trips(net: Network, seconds: float) -> str:
+    """'= k round trips of r ms' for a time spent across DCs (nothing when the DCs are not apart)."""
+    if len(net.sizes) < 2:
+        return ""
+    rtt = max(net.rtt(a, b) for (a, b) in net.paths)
+    return f" (= {seconds / rtt:.1f} round trips of {rtt * 1e3:.1f} ms)" if rtt > 1e-4 else ""
+
+
 def _tokens(m: CellModel, samples_per_rank: int) -> float:
     return samples_per_rank * m.network.world * shapes.config(m.opts).seq_len
 
@@ -142,8 +150,8 @@ def flat_dp(m: CellModel) -> Prediction:
     exposed = _mean([comms[i] for i in steps])
     return Prediction("flat-dp", _mean([walls[i] for i in steps]), compute, exposed,
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
-                      explain=f"one ring all-reduce of {4 * numel / 1e6:.2f} MB over all {net.world} ranks: "
-                              f"{exposed * 1e3:.0f} ms exposed per step")
+                      explain=f"exposed communication is the ring all-reduce of {4 * numel / 1e6:.2f} MB over all "
+                              f"{net.world} ranks: {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
 
 
 def _hier_sync(sim: Sim, numel: int, codec: str, start: float, key: object, flows_extra: int = 1
@@ -180,8 +188,9 @@ def hier_dp(m: CellModel) -> Prediction:
     n = min(net.sizes)
     return Prediction("hier-dp", _mean([walls[i] for i in steps]), compute, exposed,
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
-                      explain=f"reduce-scatter in the DC, all-reduce of a {4 * numel / n / 1e6:.2f} MB shard across "
-                              f"DCs on {n} groups at once, all-gather: {exposed * 1e3:.0f} ms exposed per step")
+                      explain=f"exposed communication is the reduce-scatter in the DC, the all-reduce of a "
+                              f"{4 * numel / n / 1e6:.2f} MB shard across DCs ({n} groups at once) and the all-gather: "
+                              f"{exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
 
 
 def hier_dp_overlap(m: CellModel) -> Prediction:
@@ -243,7 +252,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
                       explain=f"{len(buckets)} buckets, each shard's all-reduce across DCs cut into {chunks} chunks on "
                               f"{lanes} lanes and started during backward: {exposed * 1e3:.0f} ms left exposed after "
-                              "compute")
+                              f"compute{_round_trips(net, exposed)}")
 
 
 # --- pipeline -------------------------------------------------------------------------------------------------
