@@ -30,7 +30,8 @@ GRID = {
     "efficiency": [0.3 + 0.025 * i for i in range(29)],
     "local_bandwidth": [10 ** (8.0 + 0.125 * i) for i in range(21)],
     "op_overhead": [0.0, 1e-4, 2e-4, 4e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 8e-3],
-    "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3],
+    "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3, 2.5e-3, 4e-3],
+    "restart_window": [1448.0 * 10 * 2 ** k for k in range(0, 9)] + [1e12],
 }
 
 
@@ -132,12 +133,14 @@ def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
 
 # --- the model of each benchmark operation -----------------------------------------------------------------------
 
-def _predict_pair(network: Network, transport: Transport, sample: dict[str, Any]) -> tuple[float, float]:
-    """(cold, warm) seconds of one measured operation: the cold run on fresh connections after an idle gap,
-    the warm one straight after on the same connections."""
+def _predict_pair(network: Network, transport: Transport, sample: dict[str, Any],
+                  idle: float = 0.5) -> tuple[float, float]:
+    """(cold, warm) seconds of one measured operation as the benchmark runs it: its connections were last used
+    by the previous operation of the same kind (primed here), then idle for `idle` s before the cold run; the
+    warm run follows straight after on the same connections."""
     sim = Sim(network, transport, Connections(transport))
+    clock = _one(sim, sample, 0.0) + idle
     out = []
-    clock = 0.0
     for _ in ("cold", "warm"):
         out.append(_one(sim, sample, clock) - clock)
         clock += out[-1] + 1e-3

@@ -41,6 +41,8 @@ class Transport:
     local_bandwidth: float = 8e9  # bits/s of an unshaped path (CPU-bound copies between namespaces)
     local_latency: float = 5e-5  # seconds one way on an unshaped path
     efficiency: float = PAYLOAD_PER_FRAME  # payload rate / configured rate of a shaped link
+    restart_window: float = 1e12  # bytes: the window after an idle restart is at most this (fitted: measured cold
+    # transfers restart lower than the halving rule alone gives: app-limited windows, HyStart, delayed ACKs)
     wire_overhead: float = 0.035  # kernel-counted bytes per payload byte, minus one (headers, ACKs, control)
     fixed_bytes: float = 0.0  # kernel-counted bytes per cell besides its steps (process-group start-up)
 
@@ -95,10 +97,12 @@ def restart_window(transport: Transport, conn: Connection, now: float, rtt: floa
     restart = min(initial, conn.cwnd)
     idle = now - conn.last
     rto = transport.rto_min + rtt
+    if idle <= rto:
+        return
     while idle > rto and conn.cwnd > restart:
         conn.cwnd /= 2
         idle -= rto
-    conn.cwnd = max(conn.cwnd, restart)
+    conn.cwnd = max(min(conn.cwnd, transport.restart_window), restart)
 
 
 def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge, now: float) -> float:
