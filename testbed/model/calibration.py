@@ -31,7 +31,6 @@ GRID = {
     "local_bandwidth": [10 ** (8.0 + 0.125 * i) for i in range(21)],
     "op_overhead": [0.0, 1e-4, 2e-4, 4e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 8e-3],
     "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3, 2.5e-3, 4e-3],
-    "restart_window": [1448.0 * 10 * 2 ** k for k in range(0, 9)] + [1e12],
 }
 
 
@@ -113,6 +112,7 @@ def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> 
         groups.setdefault(key, []).append(record)
     out = []
     for (op, group, nbytes, concurrency, mode, rep, pair), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        items = [r for r in items if r["rank"] in r.get("ranks", [r["rank"]])] or items  # p2p: its two ranks
         out.append({"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
                     "pair": pair,
                     "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
@@ -166,8 +166,8 @@ def _one(sim: Sim, sample: dict[str, Any], start: float) -> float:
     if op == "send_recv":
         pair = int(sample.get("pair", 0))
         src, dst = net.dc_start(pair), net.dc_start(pair + 1)
-        leave, arrival = transfer(sim, src, dst, nbytes, start, start, "p2p")
-        _, back = transfer(sim, dst, src, 4, arrival, leave, "p2p-ack")
+        leave, arrival = transfer(sim, src, dst, nbytes, start, start, ("p2p", pair))
+        _, back = transfer(sim, dst, src, 4, arrival, leave, ("p2p", pair))
         return back
     raise ValueError(f"unknown benchmark operation {op}/{group}")
 

@@ -118,8 +118,9 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
                     continue
                 edge = edges[(s, r)]
                 ready = begin[i][r] + back[(r, s)].latency if t.rendezvous else begin[i][r]
-                leave = max(begin[i][s], ready, free[(s, r)])
+                notify(sim, key, ranks[r], ranks[s], begin[i][r])
                 conn = sim.connections.get((key, ranks[s], ranks[r]))
+                leave = max(begin[i][s], ready, free[(s, r)], conn.busy_until)
                 duration = send_time(t, conn, nbytes, edge, leave)
                 free[(s, r)] = leave + nbytes / edge.rate
                 send_done[i][s] = leave
@@ -146,6 +147,13 @@ def gloo_all_gather(sim: Sim, ranks: list[int], nbytes: int, start: float, key: 
     return gloo_ring(sim, ranks, nbytes * len(ranks), start, key, ("ag",))
 
 
+def notify(sim: Sim, key: object, src: int, dst: int, when: float) -> None:
+    """A control message (gloo's "recv ready") sent from src to dst at `when`: TCP counts it as sending, so the
+    connection src -> dst is not idle (no window restart) after it."""
+    conn = sim.connections.get((key, src, dst))
+    conn.last = when if conn.last is None else max(conn.last, when)
+
+
 def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: float, key: object,
              free: dict | None = None) -> tuple[float, float]:
     """A point-to-point send issued at `sent` into a receive posted at `posted`: (payload leaves, arrives).
@@ -153,10 +161,12 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
     t = sim.transport
     edge = sim.edge(src, dst)
     ready = posted + sim.edge(dst, src).latency if t.rendezvous else posted
+    notify(sim, key, dst, src, posted)
     leave = max(sent + t.op_overhead, ready)
     if free is not None:
         leave = max(leave, free.get((src, dst), 0.0))
     conn = sim.connections.get((key, src, dst))
+    leave = max(leave, conn.busy_until)
     duration = send_time(t, conn, nbytes, edge, leave)
     if free is not None:
         free[(src, dst)] = leave + nbytes / edge.rate

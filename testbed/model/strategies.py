@@ -300,6 +300,7 @@ def pipeline(m: CellModel) -> Prediction:
             time = [clocks[s] for s in range(p)]
             active = [replica < runs[s] for s in range(p)]
             posted: dict[tuple, float] = {}
+            sends_done = [0.0] * p  # a stage's schedule ends when its last send has left (the rank waits for it)
             if overlap:
                 for s in range(p):
                     for kind, k, micro in ops[s]:
@@ -326,9 +327,10 @@ def pipeline(m: CellModel) -> Prediction:
                             if src_stage == s:
                                 arrive[need] = sent[need]
                             else:
-                                _, arrival = transfer(sim, stage_rank[src_stage], stage_rank[s], act, sent[need], post,
-                                                      ("p2p", src_stage, s), free)
+                                leave, arrival = transfer(sim, stage_rank[src_stage], stage_rank[s], act, sent[need],
+                                                          post, ("p2p", min(src_stage, s), max(src_stage, s)), free)
                                 arrive[need] = arrival
+                                sends_done[src_stage] = max(sends_done[src_stage], leave)
                         begin = max(time[s], arrive[need])
                     else:
                         begin = time[s]
@@ -343,6 +345,7 @@ def pipeline(m: CellModel) -> Prediction:
                     progress = True
             for s in range(p):
                 if active[s]:
+                    time[s] = max(time[s], sends_done[s])
                     span[s] += time[s] - clocks[s]
                     bubble_step[s] += max(0.0, time[s] - clocks[s] - compute_total[s])
                     clocks[s] = time[s]

@@ -60,10 +60,12 @@ class Transport:
 
 @dataclass
 class Connection:
-    """One TCP connection's send side: its window and when it last sent (None: fresh)."""
+    """One TCP connection's send side: its window, when it last sent (None: fresh), and until when its byte
+    stream is busy (a payload queues behind the one before it on the same connection)."""
 
     cwnd: float = 0.0
     last: float | None = None
+    busy_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
     if nbytes <= 0:
         return 0.0
     if not edge.shaped:
-        conn.last = now + nbytes / edge.rate
+        conn.last = conn.busy_until = now + nbytes / edge.rate
         return nbytes / edge.rate
     restart_window(transport, conn, now, edge.rtt)
     bdp = edge.rate * edge.rtt
@@ -132,4 +134,5 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
         window = min(2 * window, transport.max_window)
     conn.cwnd = window
     conn.last = now + elapsed
+    conn.busy_until = now + elapsed
     return elapsed
