@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from testbed.model.collectives import Sim, gloo_all_gather, gloo_all_reduce, gloo_reduce_scatter, transfer
+from testbed.model.collectives import MESSAGE_BYTES, Sim, gloo_all_gather, gloo_all_reduce, gloo_reduce_scatter, transfer
 from testbed.model.network import Network, build_network
 from testbed.model.transport import Connections, Transport
 from testbed.spec.topology import Topology
@@ -239,7 +239,8 @@ def benchmark_payload(network: Network, transport: Transport, samples: list[dict
             total += n * c * sum(_all_reduce_bytes(network, network.inter_groups()[0], piece, transport).values())
         elif op == "send_recv" and len(network.sizes) > 1:
             pair = int(sample.get("pair", 0))
-            total += nbytes * len(network.path(pair, pair + 1).hops) + 4 * len(network.path(pair + 1, pair).hops)
+            total += (nbytes + MESSAGE_BYTES) * len(network.path(pair, pair + 1).hops) + \
+                (4 + MESSAGE_BYTES) * len(network.path(pair + 1, pair).hops)
     return total
 
 

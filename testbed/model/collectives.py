@@ -175,6 +175,12 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
 
 # --- bytes per inter-DC link direction (closed forms) --------------------------------------------------------
 
+# Bytes on the wire per gloo message besides its payload: a 48-byte preamble and, once per message, a frame's
+# Ethernet + IP + TCP headers (14 + 20 + 32); every payload goes with two notifications (send ready, recv ready)
+# of their own. Proportional overhead (headers of the payload's further frames, ACKs) is the calibration's.
+MESSAGE_BYTES = 3 * (48 + 66)
+
+
 def ring_link_bytes(network: Network, ranks: list[int], nbytes: float, factor: float) -> dict[str, float]:
     """Payload bytes a ring collective puts on each inter-DC link direction: every ring edge i -> i-1 carries
     factor * nbytes / g... summed over the edges that cross DCs (routed edges load every hop)."""
@@ -192,9 +198,11 @@ def ring_link_bytes(network: Network, ranks: list[int], nbytes: float, factor: f
     return out
 
 
-def p2p_link_bytes(network: Network, src: int, dst: int, nbytes: float) -> dict[str, float]:
+def p2p_link_bytes(network: Network, src: int, dst: int, nbytes: float, messages: int = 1) -> dict[str, float]:
+    """Bytes a point-to-point transfer puts on each inter-DC link direction it crosses (with `messages`
+    messages' overhead; 0 for the payload alone)."""
     a, b = network.dc_of(src), network.dc_of(dst)
-    return {} if a == b else {hop: nbytes for hop in network.path(a, b).hops}
+    return {} if a == b else {hop: nbytes + messages * MESSAGE_BYTES for hop in network.path(a, b).hops}
 
 
 def add_bytes(total: dict[str, float], more: dict[str, float], times: float = 1.0) -> dict[str, float]:

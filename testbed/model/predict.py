@@ -64,16 +64,19 @@ class CellPrediction:
 
 def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration: Calibration, *,
                  ranks_per_node: int = 1, warmup_steps: int = 0,
-                 rtts: Mapping[tuple[str, str], float] | None = None) -> CellPrediction:
-    """`cell`: a planned Cell or the `cell` mapping of a result.json. `rtts`: measured (src, dst) round trips."""
+                 rtts: Mapping[tuple[str, str], float] | None = None,
+                 local: tuple[float, float] | None = None) -> CellPrediction:
+    """`cell`: a planned Cell or the `cell` mapping of a result.json. `rtts`: measured (src, dst) round trips.
+    `local`: (compute per micro-batch, other seconds per step) measured in the cell's own warm-up steps, which
+    replace the profile for real compute (the CPU the ranks share decides it, not the model alone)."""
     data = cell if isinstance(cell, Mapping) else {"id": cell.id, "strategy": cell.strategy, "options": cell.options,
                                                    "links": cell.links, "sweep": cell.sweep,
                                                    "baseline": cell.baseline}
     options = {k: v for k, v in data["options"].items() if k in Options.__pydantic_fields__}
     opts = Options(**options)
     network = build_network(topology, data["links"], ranks_per_node, rtts)
-    model = CellModel(opts, network, calibration.transport, compute_seconds(opts, calibration), warmup_steps,
-                      link_rtt(data["links"]))
+    compute, overhead = (local if local and not opts.synthetic else (compute_seconds(opts, calibration), 0.0))
+    model = CellModel(opts, network, calibration.transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
     prediction = predict(model)
     t = calibration.transport
     steps = max(1, opts.steps)
@@ -93,6 +96,27 @@ def probe_rtts(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:
     """Measured round trips of a cell's link calibration, (src, dst) -> seconds."""
     return {(p["src"], p["dst"]): p["rtt_p50_ms"] / 1e3 for p in result.get("calibration") or []
             if p.get("rtt_p50_ms") is not None and p.get("rtt_configured_ms", 0) > 0}
+
+
+def warmup_local(cell_dir: Path, warmup_steps: int, micro_batches: int) -> tuple[float, float] | None:
+    """(compute per micro-batch, other local seconds per step) of the cell's last warm-up step, slowest rank:
+    what this machine's shared CPU gave the cell's own ranks, measured before the steps the figures count."""
+    if warmup_steps < 1:
+        return None
+    compute, other = [], []
+    for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "step" and record.get("step") == warmup_steps - 1:
+                compute.append(record["compute_s"])
+                other.append(max(0.0, record["wall_s"] - record["compute_s"] - record["exposed_s"] - record.get(
+                    "bubble_s", 0.0)))
+    if not compute:
+        return None
+    return max(compute) / max(1, micro_batches), sorted(other)[len(other) // 2]
 
 
 def run_calibration(run_dir: Path) -> Calibration | None:
@@ -115,9 +139,11 @@ def predict_run(run_dir: Path, results: list[dict], calibration: Calibration | N
         cell = result["cell"]
         if "strategy" not in cell.get("options", {}):
             continue  # a user's own command: nothing to predict
+        warmup = manifest.get("warmup_steps", 0)
+        local = warmup_local(run_dir / "cells" / cell["id"], warmup, cell["options"].get("micro_batches", 1))
         try:
             out.append(predict_cell(topology, cell, calibration, ranks_per_node=result.get("ranks_per_node", 1),
-                                    warmup_steps=manifest.get("warmup_steps", 0), rtts=probe_rtts(result)))
+                                    warmup_steps=warmup, rtts=probe_rtts(result), local=local))
         except (NoComputeProfile, KeyError):
             continue
     return out

@@ -36,6 +36,7 @@ class CellModel:
     compute_s: float  # forward+backward of one micro-batch of the whole model on one rank (s)
     warmup_steps: int = 0
     link_rtt_s: float = 0.0  # what the runner tells the overlap schedule (largest configured inter-DC RTT)
+    step_overhead_s: float = 0.0  # per step besides compute and communication (optimizer, bookkeeping)
 
     @property
     def measured_steps(self) -> range:
@@ -84,7 +85,8 @@ def _mean(values: list[float]) -> float:
 
 
 def _ring_bytes(net: Network, ranks: list[int], total: int, phases: tuple[str, ...], segment: int) -> dict[str, float]:
-    """Exact payload per link direction of gloo's ring over `ranks` (segments as gloo cuts them)."""
+    """Bytes per link direction of gloo's ring over `ranks`: the segments as gloo cuts them, each with its
+    messages' overhead."""
     g = len(ranks)
     out: dict[str, float] = {}
     if g < 2:
@@ -93,7 +95,8 @@ def _ring_bytes(net: Network, ranks: list[int], total: int, phases: tuple[str, .
     for phase in phases:
         lengths = _segment_lengths(total, g, count, size, phase)
         for s in range(g):
-            add_bytes(out, p2p_link_bytes(net, ranks[s], ranks[(s - 1) % g], sum(row[s] for row in lengths)))
+            sent = [row[s] for row in lengths if row[s] > 0]
+            add_bytes(out, p2p_link_bytes(net, ranks[s], ranks[(s - 1) % g], sum(sent), len(sent)))
     return out
 
 
@@ -477,7 +480,9 @@ def predict(m: CellModel) -> Prediction:
     except KeyError:
         raise KeyError(f"the cost model has no predictor for strategy {m.opts.strategy!r} "
                        f"(covered: {', '.join(PREDICTORS)})") from None
-    return predictor(m)
+    prediction = predictor(m)
+    prediction.step_s += m.step_overhead_s
+    return prediction
 
 
 __all__ = ["CellModel", "Prediction", "PREDICTORS", "predict"]
