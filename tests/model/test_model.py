@@ -14,7 +14,7 @@ import pytest
 
 from testbed.model import shapes
 from testbed.model.calibration import Calibration, fit, fit_transport, predict_samples, samples_from_records
-from testbed.model.collectives import (Sim, gloo_all_reduce, gloo_segments, hierarchical_link_ratio,
+from testbed.model.collectives import (MESSAGE_BYTES, Sim, gloo_all_reduce, gloo_segments, hierarchical_link_ratio,
                                        ring_all_reduce_factor)
 from testbed.model.network import build_network
 from testbed.model.predict import predict_cell
@@ -50,7 +50,7 @@ def test_hierarchical_link_bytes_are_n_D_minus_1_over_Dn_minus_1_of_flat(n, dcs)
     nbytes = 4 * 2 ** 20 * n * dcs  # divisible: gloo's segments come out equal
     flat = sum(_all_reduce_bytes(net, list(range(net.world)), nbytes, IDEAL).values())
     hier = n * sum(_all_reduce_bytes(net, net.inter_groups()[0], nbytes // n, IDEAL).values())
-    assert hier / flat == pytest.approx(n * (dcs - 1) / (dcs * n - 1), rel=1e-9)
+    assert hier / flat == pytest.approx(n * (dcs - 1) / (dcs * n - 1), rel=2e-3)  # messages' headers aside
     assert hierarchical_link_ratio(n, dcs) == pytest.approx(n * (dcs - 1) / (dcs * n - 1))
     assert hierarchical_link_ratio(2, 2) == pytest.approx(2 / 3)
 
@@ -60,8 +60,8 @@ def test_ring_all_reduce_puts_2_g_minus_1_over_g_on_every_crossing_edge():
     nbytes = 8 * 2 ** 20
     per_direction = _all_reduce_bytes(net, [0, 1, 2, 3], nbytes, IDEAL)
     assert set(per_direction) == {"d0->d1", "d1->d0"}
-    for value in per_direction.values():  # one ring edge crosses each way
-        assert value == pytest.approx(ring_all_reduce_factor(4) * nbytes)
+    for value in per_direction.values():  # one ring edge crosses each way: 2 x 6 segments of 1 MiB, with headers
+        assert value == ring_all_reduce_factor(4) * nbytes + 12 * MESSAGE_BYTES
 
 
 def test_gloo_segments_follow_gloo_allreduce():
