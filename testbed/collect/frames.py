@@ -127,23 +127,21 @@ def add_predictions(summary: pd.DataFrame, run_dir: Path, results: list[dict]) -
     """The cost model's prediction beside each cell's measurement (testbed.model, from the run's calibration
     and the cell's measured round trips): step_s_predicted (the mean step), tokens_per_s_predicted,
     inter_dc_bytes_predicted (per step, as the kernel counters count them), the model's explanation, and the
-    errors predicted/measured - 1 of the mean step and of the bytes. Nothing is added without a calibration."""
+    errors predicted/measured - 1 of the mean step and of the bytes; NaN without a calibration."""
     from testbed.model.predict import predict_run
 
     if summary.empty:
         return summary
     try:
         predictions = {p.cell: p.row() for p in predict_run(run_dir, results)}
-    except (OSError, ValueError) as error:  # an unreadable calibration: the report says so instead
-        summary["model_note"] = f"no predictions: {error}"
-        return summary
-    if not predictions:
-        return summary
-    for column in (*PREDICTED, "explain"):
+    except (OSError, ValueError):  # an unreadable calibration file: no predictions (NaN), the run's figures stand
+        predictions = {}
+    for column in (*PREDICTED, "explain"):  # the same columns with or without a calibration (NaN without)
         summary[column if column != "explain" else "model_explain"] = [
             predictions.get(cell, {}).get(column) for cell in summary["cell"]]
     for column in PREDICTED:
         summary[column] = pd.to_numeric(summary[column], errors="coerce")
+    summary["step_error"], summary["bytes_error"] = float("nan"), float("nan")
     if "step_s_mean" in summary:
         summary["step_error"] = summary["step_s_predicted"] / summary["step_s_mean"] - 1
     if "inter_dc_gb_per_step" in summary:
