@@ -56,7 +56,7 @@ def best_match(summary: pd.DataFrame) -> pd.DataFrame:
     """Per sweep point: the measured and the predicted fastest strategy (median over repetitions)."""
     rows = []
     for experiment, part in summary.groupby("experiment", sort=False):
-        agg = aggregate(part.drop(columns=["experiment", "run"]))
+        agg = aggregate(part.drop(columns=["experiment", "run"]).dropna(axis=1, how="all"))
         shaped = agg[agg["baseline"] == "False"]
         keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
         for point, group in (shaped.groupby(keys, sort=False) if keys else [((), shaped)]):
