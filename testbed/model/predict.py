@@ -99,24 +99,31 @@ def probe_rtts(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:
 
 
 def warmup_local(cell_dir: Path, warmup_steps: int, micro_batches: int) -> tuple[float, float] | None:
-    """(compute per micro-batch, other local seconds per step) of the cell's last warm-up step, slowest rank:
-    what this machine's shared CPU gave the cell's own ranks, measured before the steps the figures count."""
+    """(compute per micro-batch, other local seconds per step) of the cell's warm-up steps (the first, which
+    initialises, left out when there are others): per step the slowest rank's compute and the ranks' median
+    other time, then the median over those steps. What this machine's shared CPU gave the cell's own ranks,
+    measured before the steps the figures count."""
     if warmup_steps < 1:
         return None
-    compute, other = [], []
+    first = 1 if warmup_steps > 1 else 0
+    compute: dict[int, list[float]] = {}
+    other: dict[int, list[float]] = {}
     for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if record.get("event") == "step" and record.get("step") == warmup_steps - 1:
-                compute.append(record["compute_s"])
-                other.append(max(0.0, record["wall_s"] - record["compute_s"] - record["exposed_s"] - record.get(
-                    "bubble_s", 0.0)))
+            step = record.get("step")
+            if record.get("event") == "step" and first <= step < warmup_steps:
+                compute.setdefault(step, []).append(record["compute_s"])
+                other.setdefault(step, []).append(max(0.0, record["wall_s"] - record["compute_s"] - record["exposed_s"]
+                                                      - record.get("bubble_s", 0.0)))
     if not compute:
         return None
-    return max(compute) / max(1, micro_batches), sorted(other)[len(other) // 2]
+    per_step = sorted(max(values) for values in compute.values())
+    others = sorted(sorted(values)[len(values) // 2] for values in other.values())
+    return per_step[len(per_step) // 2] / max(1, micro_batches), others[len(others) // 2]
 
 
 def run_calibration(run_dir: Path) -> Calibration | None:

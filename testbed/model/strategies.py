@@ -237,7 +237,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
                 lane = (b * chunks + i) % lanes
                 slots = lane_slots[lane]
                 slot = min(range(2), key=lambda k: slots[k])
-                begin_chunk = max(launch, slots[slot])
+                begin_chunk = max(launch + i * t.op_overhead, slots[slot])  # the launch thread issues them in turn
                 end, chunk_link = _inter_reduce(sim, group, piece, opts.compression, begin_chunk, ("lane", lane, slot),
                                                 flows)
                 slots[slot] = end
