@@ -30,7 +30,7 @@ GRID = {
     "efficiency": [0.3 + 0.025 * i for i in range(29)],
     "local_bandwidth": [10 ** (8.0 + 0.125 * i) for i in range(21)],
     "op_overhead": [0.0, 1e-4, 2e-4, 4e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 8e-3],
-    "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3, 2.5e-3, 4e-3],
+    "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3, 2.5e-3, 4e-3, 6e-3, 9e-3],
 }
 
 

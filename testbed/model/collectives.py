@@ -162,7 +162,7 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
     edge = sim.edge(src, dst)
     ready = posted + sim.edge(dst, src).latency if t.rendezvous else posted
     notify(sim, key, dst, src, posted)
-    leave = max(sent + t.op_overhead, ready)
+    leave = max(sent + t.op_overhead, ready + t.message_overhead)
     if free is not None:
         leave = max(leave, free.get((src, dst), 0.0))
     conn = sim.connections.get((key, src, dst))
