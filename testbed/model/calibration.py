@@ -31,6 +31,7 @@ GRID = {
     "local_bandwidth": [10 ** (8.0 + 0.125 * i) for i in range(21)],
     "op_overhead": [0.0, 1e-4, 2e-4, 4e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 8e-3],
     "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3, 2.5e-3, 4e-3, 6e-3, 9e-3],
+    "late_receive": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
 }
 
 
@@ -114,7 +115,7 @@ def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> 
     for (op, group, nbytes, concurrency, mode, rep, pair), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
         items = [r for r in items if r["rank"] in r.get("ranks", [r["rank"]])] or items  # p2p: its two ranks
         out.append({"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
-                    "pair": pair,
+                    "pair": pair, "late_s": items[0].get("late_s"),
                     "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
                     else max(r["end"] - r["start"] for r in items),
                     "ranks": len(items)})
@@ -163,10 +164,11 @@ def _one(sim: Sim, sample: dict[str, Any], start: float) -> float:
         return gloo_reduce_scatter(sim, dc0, nbytes, start, "rs")
     if op == "all_gather":
         return gloo_all_gather(sim, dc0, nbytes, start, "ag")
-    if op == "send_recv":
+    if op in ("send_recv", "send_recv_late"):
         pair = int(sample.get("pair", 0))
         src, dst = net.dc_start(pair), net.dc_start(pair + 1)
-        leave, arrival = transfer(sim, src, dst, nbytes, start, start, ("p2p", pair))
+        posted = start + (float(sample.get("late_s", 0.05)) if op == "send_recv_late" else 0.0)
+        leave, arrival = transfer(sim, src, dst, nbytes, start, posted, ("p2p", pair))
         _, back = transfer(sim, dst, src, 4, arrival, leave, ("p2p", pair))
         return back
     raise ValueError(f"unknown benchmark operation {op}/{group}")
@@ -237,7 +239,7 @@ def benchmark_payload(network: Network, transport: Transport, samples: list[dict
             c = int(sample.get("concurrency", 1))
             piece = max(4, nbytes // c)
             total += n * c * sum(_all_reduce_bytes(network, network.inter_groups()[0], piece, transport).values())
-        elif op == "send_recv" and len(network.sizes) > 1:
+        elif op in ("send_recv", "send_recv_late") and len(network.sizes) > 1:
             pair = int(sample.get("pair", 0))
             total += (nbytes + MESSAGE_BYTES) * len(network.path(pair, pair + 1).hops) + \
                 (4 + MESSAGE_BYTES) * len(network.path(pair + 1, pair).hops)

@@ -160,7 +160,8 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
     `free`: per-direction clocks (FIFO) shared by the caller's transfers."""
     t = sim.transport
     edge = sim.edge(src, dst)
-    ready = posted + sim.edge(dst, src).latency if t.rendezvous else posted
+    back = sim.edge(dst, src).latency
+    ready = posted + back * (1 + (t.late_receive if posted > sent else 0.0)) if t.rendezvous else posted
     notify(sim, key, dst, src, posted)
     leave = max(sent + t.op_overhead, ready + t.message_overhead)
     if free is not None:

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 DEFAULT_SIZES = (4096, 262144, 2097152, 8388608)
+LATE_S = 0.05  # how late the receive of a "late" send/recv is posted
 
 
 def _records_file(rank: int) -> Path:
@@ -117,6 +118,18 @@ def main(argv: list[str] | None = None) -> int:
                             dist.send(ack, src)
 
                     timed("send_recv", nbytes, rep, mode, exchange, group="p2p", ranks=[src, dst], pair=dc)
+
+                    def late_exchange() -> None:  # the receive posted after the send (a pipeline's pattern)
+                        if layout.rank == src:
+                            dist.send(payload, dst)
+                            dist.recv(ack, dst)
+                        elif layout.rank == dst:
+                            time.sleep(LATE_S)
+                            dist.recv(payload, src)
+                            dist.send(ack, src)
+
+                    timed("send_recv_late", nbytes, rep, mode, late_exchange, group="p2p", ranks=[src, dst], pair=dc,
+                          late_s=LATE_S)
 
     if args.preset:
         from testbed.workload.compute import measure_compute_seconds
