@@ -6,7 +6,8 @@ best; the error table (median and p90 of |predicted/measured - 1| per experiment
     .venv/bin/python bench/model_accuracy.py --run            # run every shipped experiment first (long; as root,
                                                               # under flock /tmp/testbed-heavy.lock)
 
-Each run is predicted again with the current model from its own calibration (re-fitted from the raw
+Each run is predicted again with the current model from its own calibration (real compute: from each cell's
+warm-up steps; --a-priori: from the calibration's profile alone, as `testbed plan` predicts before running) (re-fitted from the raw
 micro-benchmark figures the run kept, so a better fit applies to old runs too) and each cell's measured round
 trips. Only shaped cells count toward the step-time figures (baselines are listed apart).
 """
@@ -111,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     parser.add_argument("--no-refit", action="store_true", help="use each run's calibration.json as it is")
     parser.add_argument("--csv", type=Path, help="write every cell's figures here")
+    parser.add_argument("--a-priori", action="store_true", help="real compute from the calibration's profile only, "
+                        "not from each cell's warm-up steps (what `testbed plan` knows before running)")
     args = parser.parse_args(argv)
+    if args.a_priori:
+        import testbed.model.predict as predict
+
+        predict.warmup_local = lambda *_: None
     runs = list(args.runs) + (run_shipped(args.out) if args.run else [])
     if not runs:
         parser.error("give run directories, or --run")
