@@ -58,7 +58,7 @@ def cell_record(p: CellPrediction) -> dict[str, Any]:
             "step_s_predicted": pred.step_s, "tokens_per_s_predicted": pred.tokens_per_s,
             "compute_s_predicted": pred.compute_s, "exposed_s_predicted": pred.exposed_s,
             "bubble_ratio_predicted": pred.bubble_ratio, "inter_dc_bytes_predicted": p.kernel_bytes_per_step,
-            "explain": pred.explain}
+            "link_bytes_predicted": p.kernel_link_bytes, "explain": pred.explain}
 
 
 def _variants(cell: Cell, sizes: list[int]) -> list[tuple[dict[str, Any], Cell]]:

@@ -52,6 +52,7 @@ class CellPrediction:
     sweep: dict[str, Any]
     prediction: Prediction
     kernel_bytes_per_step: float  # all inter-DC link directions, as the kernel counters count them
+    kernel_link_bytes: dict[str, float]  # the same per link direction ("east->west")
 
     def row(self) -> dict[str, Any]:
         p = self.prediction
@@ -80,9 +81,10 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     prediction = predict(model)
     t = calibration.transport
     steps = max(1, opts.steps)
-    kernel = (prediction.inter_dc_bytes * (1 + t.wire_overhead) * steps + t.fixed_bytes) / steps
+    per_link = {key: value * (1 + t.wire_overhead) for key, value in prediction.link_bytes.items()}
+    kernel = (sum(per_link.values()) * steps + t.fixed_bytes) / steps
     return CellPrediction(data["id"], data["strategy"], bool(data.get("baseline")), dict(data.get("sweep", {})),
-                          prediction, kernel)
+                          prediction, kernel, per_link)
 
 
 def predict_experiment(experiment: Experiment, topology: Topology, calibration: Calibration) -> list[CellPrediction]:

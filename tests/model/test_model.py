@@ -176,6 +176,8 @@ def test_plan_json_has_every_cell_of_the_run_and_the_best_per_point():
     for cell in result["cells"]:
         assert {"cell", "strategy", "step_s_predicted", "tokens_per_s_predicted"} <= set(cell)
         assert cell["step_s_predicted"] > 0 and cell["tokens_per_s_predicted"] > 0
+        if not cell["baseline"]:  # bytes per link direction, both ways across the one link
+            assert set(cell["link_bytes_predicted"]) == {"east->west", "west->east"}
     assert set(result["best"]) == {f"links[east,west].latency={v}" for v in ("0ms", "5ms", "10ms", "20ms")}
     assert set(result["best"].values()) <= {"flat-dp", "hier-dp", "hier-dp-overlap"}
 
