@@ -174,9 +174,9 @@ def lateness_lines(summary: pd.DataFrame) -> list[str]:
             for _, row in summary[summary["delay_late_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
 
 
-MODEL_TEXT = ("Each cell predicted by the calibrated cost model before looking at its steps: the run's "
-              "calibration (collective micro-benchmarks over the links, compute profile) and the cell's measured round "
-              "trips. step error = predicted mean step / measured mean step - 1; bytes error = predicted / kernel-counted "
+MODEL_TEXT = ("Each cell predicted by the calibrated cost model without its measured steps: the run's calibration "
+              "(collective micro-benchmarks over the links), the cell's measured round trips and, for real compute, "
+              "the compute of its warm-up steps (synthetic compute: the setting). step error = predicted mean step / measured mean step - 1; bytes error = predicted / kernel-counted "
               "inter-DC bytes per step - 1.")
 
 
