@@ -136,11 +136,12 @@ def test_gloo_all_reduce_matches_the_recorded_2_rank_figures():
 
 def test_fit_recovers_the_parameters_that_made_the_measurements():
     _, net = two_dc(2, 0.005, 1e9)
-    truth = Transport(op_overhead=1e-3, message_overhead=1e-4, local_bandwidth=10 ** 9.5, efficiency=0.8)
+    truth = Transport(op_overhead=1e-3, message_overhead=1e-4, local_bandwidth=10 ** 9.5, efficiency=0.8,
+                      late_receive=1.0)
     samples = [{"op": op, "group": group, "bytes": nbytes, "concurrency": c, "mode": mode, "rep": 0, "pair": 0}
                for op, group, c in (("all_reduce", "world", 1), ("all_reduce", "inter", 1), ("all_reduce", "inter", 4),
                                     ("reduce_scatter", "intra", 1), ("all_gather", "intra", 1),
-                                    ("send_recv", "p2p", 1))
+                                    ("send_recv", "p2p", 1), ("send_recv_late", "p2p", 1))
                for nbytes in (4096, 262144, 4 * 2 ** 20) for mode in ("cold", "warm")]
     for sample, seconds in zip(samples, predict_samples(net, truth, samples)):
         sample["seconds"] = seconds
@@ -148,6 +149,7 @@ def test_fit_recovers_the_parameters_that_made_the_measurements():
     assert summary["median_abs_error"] < 0.01
     assert fitted.efficiency == pytest.approx(0.8, abs=0.03)
     assert fitted.op_overhead == pytest.approx(1e-3, abs=3e-4)
+    assert fitted.late_receive == 1.0
 
 
 def test_fit_on_recorded_measurements():
