@@ -20,7 +20,8 @@ SEARCH_SPACE: dict[str, dict[str, list[Any]]] = {
     "flat-dp": {"compression": ["none", "bf16", "int8"]},
     "hier-dp": {"compression": ["none", "bf16", "int8"]},
     "hier-dp-overlap": {"bucket_mb": [0.25, 0.5, 1.0, 2.0, 4.0], "chunks": [1, 2, 4, 8], "lanes": [1, 2, 4, 8]},
-    "pp": {"schedule": ["gpipe", "1f1b", "interleaved-1f1b", "overlap"], "virtual_chunks": [2], "lookahead": [-1, 0, 2]},
+    "pp": {"schedule": ["gpipe", "1f1b", "interleaved-1f1b", "overlap"], "virtual_chunks": [2, 3],
+           "lookahead": [-1, 0, 2], "micro_batches": ["x1", "x2"]},
     "diloco": {"inner_steps": [1, 5, 10, 50], "outer_shard": [True, False]},
     "streaming-diloco": {"inner_steps": [5, 10, 50], "fragments": [1, 2, 4], "overlap_steps": [0, 1, 2]},
 }
@@ -68,6 +69,10 @@ def _variants(cell: Cell, sizes: list[int]) -> list[tuple[dict[str, Any], Cell]]
     out = []
     for values in itertools.product(*(space[n] for n in names)):
         changed = dict(zip(names, values))
+        if changed.get("micro_batches") == "x1":
+            changed.pop("micro_batches")
+        elif changed.get("micro_batches") == "x2":  # more micro-batches: a smaller bubble, a larger global batch
+            changed["micro_batches"] = 2 * cell.options["micro_batches"]
         if strategy == "pp" and changed.get("schedule") != "interleaved-1f1b":
             changed.pop("virtual_chunks", None)
         if strategy == "pp" and changed.get("schedule") != "overlap":
@@ -107,7 +112,7 @@ def search(experiment: Experiment, topology: Topology, calibration: Calibration,
             strategy = variant.options["strategy"]
             caveat = ("changes the optimiser (fewer synchronisations): check the loss" if strategy in CHANGES_TRAINING
                       else "lossy inter-DC compression: check the loss" if changed.get("compression", "none") != "none"
-                      else "")
+                      else "doubles the global batch" if "micro_batches" in changed else "")
             points.setdefault(key, []).append({"strategy": strategy, "options": changed,
                                                "tokens_per_s_predicted": p.prediction.tokens_per_s,
                                                "step_s_predicted": p.prediction.step_s, "caveat": caveat,

@@ -229,3 +229,17 @@ def test_a_scenario_without_sources_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "testbed.cli", "whatif", str(path)], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and str(path) in proc.stderr and "published" in proc.stderr
+
+
+def test_plan_search_recommends_a_configuration_per_point():
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/pipeline-across-dcs.yaml",
+                           "--json", "--search"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    search = json.loads(proc.stdout)["search"]
+    assert set(search) == {"links[*].latency=5ms", "links[*].latency=20ms"}
+    for found in search.values():
+        ranked = [c["tokens_per_s_predicted"] for c in found["top"]]
+        assert ranked == sorted(ranked, reverse=True) and found["candidates"] >= 8
+        assert not found["recommended"]["caveat"]  # the recommendation keeps the algorithm and the batch
+        # at 5-20 ms between stages, keeping micro-batches in flight across the link beats waiting for them
+        assert found["recommended"]["options"]["schedule"] == "overlap"
