@@ -612,11 +612,13 @@ def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenar
     import pandas as pd
 
     for row in pd.read_csv(result["files"]["answers"]).to_dict("records"):
-        def fmt(value: Any) -> str:
-            return "never" if pd.isna(value) else f"{value:,.0f}"
+        def fmt(value: Any, cap: float | None = None) -> str:
+            if pd.isna(value):
+                return "never"
+            return f">= {cap:,.0f}" if cap is not None and value >= cap else f"{value:,.0f}"
 
         table.add_row(row["strategy"], f"{row['efficiency']:.1%}", f"{row['step_s']:.2f}",
-                      fmt(row["bandwidth_for_target_gbit"]), fmt(row["distance_for_target_km"]))
+                      fmt(row["bandwidth_for_target_gbit"]), fmt(row["distance_for_target_km"], 20_000))
     out.print(table)
     out.print(f"table: {result['files']['table']}\nplot: {result['files']['plot']}\nreport: {result['files']['report']}")
 
