@@ -6,14 +6,15 @@ Usage: .venv/bin/python bench/bringup.py [--reps 5] [--backend netns|docker] [--
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
 import pandas as pd
 
-from testbed.fabric.containers import clean as clean_containers
-from testbed.fabric.control import Backend, bring_up, tear_down
-from testbed.fabric.netns import list_namespaces
+from testbed.fabric.docker.engine import clean as clean_containers
+from testbed.fabric.lifecycle import bring_up, make_backend, tear_down
+from testbed.fabric.netns.namespaces import list_namespaces
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-bench-"
@@ -24,7 +25,7 @@ def chain(dcs: int, nodes: int):
     return topology_from_data({
         "name": f"{dcs}x{nodes}",
         "dcs": [{"name": n, "nodes": nodes} for n in names],
-        "links": [{"between": [a, b], "latency": "5ms", "bandwidth": "1gbit"} for a, b in zip(names, names[1:])],
+        "links": [{"between": [a, b], "latency": "5ms", "bandwidth": "1gbit"} for a, b in itertools.pairwise(names)],
     })
 
 
@@ -32,9 +33,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--backend", choices=("netns", "docker"), default="netns")
-    parser.add_argument("--image", default="testbed:latest")
+    parser.add_argument("--image", help="with --backend docker (default: env TESTBED_IMAGE or testbed:latest)")
     args = parser.parse_args()
-    backend = Backend(args.backend, image=args.image)
+    backend = make_backend(args.backend, **({"image": args.image} if args.image else {}))
     rows = []
     for dcs, nodes in ((1, 2), (2, 4), (4, 8)):
         topology = chain(dcs, nodes)

@@ -20,8 +20,9 @@ import time
 
 import pandas as pd
 
-from testbed.fabric.control import bring_up, tear_down
-from testbed.fabric.delayline import RT_ENV, lateness_delta, lateness_summary
+from testbed.agents.delayline.release import lateness_delta, lateness_summary
+from testbed.agents.delayline.worker import RT_ENV
+from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-prio-"
@@ -29,7 +30,7 @@ PORT = 5201
 
 
 def agent(*args: str) -> list[str]:
-    return [sys.executable, "-m", "testbed.probe.agent", *args]
+    return [sys.executable, "-m", "testbed.agents.probe", *args]
 
 
 def one(mode: str, busy: int, seconds: float) -> dict:

@@ -30,12 +30,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed import units
-from testbed.fabric import delayline
-from testbed.fabric.control import bring_up, tear_down
-from testbed.fabric.delayline import lateness_delta, lateness_summary
-from testbed.fabric.kernel import has_netem
-from testbed.probe.measure import PAYLOAD_PER_FRAME
+from testbed.agents.delayline import control as delay_lines
+from testbed.agents.delayline.release import lateness_delta, lateness_summary
+from testbed.fabric.lifecycle import bring_up, tear_down
+from testbed.fabric.netns.kernel import has_netem
+from testbed.fabric.state import state_dir
+from testbed.runner.probe import PAYLOAD_PER_FRAME
+from testbed.spec import units
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-fid-"
@@ -44,7 +45,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def agent(*args: str) -> list[str]:
-    return [sys.executable, "-m", "testbed.probe.agent", *args]
+    return [sys.executable, "-m", "testbed.agents.probe", *args]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -86,8 +87,9 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
         ping_args = ["rtt", dst, "--port", str(PORT), "--count", str(pings), "--interval", "0.005"]
         idle = run_json(testbed, "east-0", ping_args, 120)["rtts"]
         flow = run_json(testbed, "east-0", ["send", dst, "--port", str(PORT), "--seconds", str(seconds)], 120)
-        gateway = delayline.gateway_of(testbed.plan, "east->west")
-        worker = delayline.read_status(gateway).get("worker") if gateway else None
+        gateway = testbed.plan.delay_line_of("east->west")
+        status = delay_lines.read_status(state_dir(), gateway) if gateway else None
+        worker = status.worker if status else None
         paced = testbed.fabric.popen("east-0", agent("send", dst, "--port", str(PORT), "--seconds",
                                                      str(seconds + pings * 0.005), "--pace", str(0.9 * rate_bps)),
                                      stdout=subprocess.PIPE, text=True)

@@ -16,7 +16,7 @@ import sys
 
 import pandas as pd
 
-from testbed.fabric.control import bring_up, tear_down
+from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-imp-"
@@ -28,10 +28,10 @@ def pings(link: dict, count: int, interval: float) -> dict:
     testbed = bring_up(topology, prefix=PREFIX)
     try:
         dst = testbed.plan.node("west-0").address
-        server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.probe.agent", "serve"],
+        server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.agents.probe", "serve"],
                                       stdout=subprocess.PIPE, text=True)
         server.stdout.readline()
-        client = testbed.fabric.popen("east-0", [sys.executable, "-m", "testbed.probe.agent", "rtt", dst, "--count",
+        client = testbed.fabric.popen("east-0", [sys.executable, "-m", "testbed.agents.probe", "rtt", dst, "--count",
                                                  str(count), "--interval", str(interval)], stdout=subprocess.PIPE, text=True)
         result = json.loads(client.communicate(timeout=600)[0])
         server.kill()
@@ -49,10 +49,10 @@ def throughput_cap(loss: str) -> float:
     testbed = bring_up(topology, prefix=PREFIX)
     try:
         dst = testbed.plan.node("west-0").address
-        server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.probe.agent", "serve", "--warmup", "1"],
+        server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.agents.probe", "serve", "--warmup", "1"],
                                       stdout=subprocess.PIPE, text=True)
         server.stdout.readline()
-        client = testbed.fabric.popen("east-0", [sys.executable, "-m", "testbed.probe.agent", "send", dst, "--seconds",
+        client = testbed.fabric.popen("east-0", [sys.executable, "-m", "testbed.agents.probe", "send", dst, "--seconds",
                                                  "4"], stdout=subprocess.PIPE, text=True)
         result = json.loads(client.communicate(timeout=120)[0])
         server.kill()

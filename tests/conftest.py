@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import CI_MUST_RUN, cannot_run, fail_if_ci_must_run
+
 pytest_plugins = ["tests.uml.plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,13 +22,21 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{CI_MUST_RUN}(why): a test this machine cannot run, failed when CI is set")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Root tests fail loudly (not skip) without root: in CI they must run."""
+    """Root tests without root: skipped with the reason, or failed when CI is set (in CI they must run)."""
     if _is_root():
         return
     for item in items:
         if "root" in item.keywords:
-            item.add_marker(pytest.mark.xfail(reason="needs root (network namespaces)", run=False, strict=True))
+            cannot_run(item, "needs root (network namespaces, tc)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    fail_if_ci_must_run(item)
 
 
 @pytest.fixture
@@ -39,12 +49,23 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def prefix(state_dir: Path, monkeypatch: pytest.MonkeyPatch):
     """A unique `tb-xxxx-` prefix; everything with it is removed after the test, pass or fail."""
-    from testbed.fabric.control import tear_down
+    from testbed.fabric.lifecycle import tear_down
 
     value = f"tb-{uuid.uuid4().hex[:4]}-"
     monkeypatch.setenv("TESTBED_PREFIX", value)
     yield value
     tear_down(value)
+
+
+@pytest.fixture(scope="session")
+def docker_image():
+    """An image built from this tree by scripts/build-image (its base is cached by a hash of its inputs and kept;
+    this image is removed after the session)."""
+    tag = f"testbed:test-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.run([str(ROOT / "scripts" / "build-image"), tag], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, f"scripts/build-image failed:\n{proc.stderr[-3000:]}"
+    yield tag
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
 
 
 def run_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
@@ -57,6 +78,6 @@ def run_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess
 
 
 def namespaces_with(prefix: str) -> list[str]:
-    from testbed.fabric.netns import list_namespaces
+    from testbed.fabric.netns.namespaces import list_namespaces
 
     return list_namespaces(prefix)

@@ -28,11 +28,6 @@ def _primary(agg: pd.DataFrame) -> str | None:
     return keys[0] if keys else None
 
 
-def _order(values: list[str], manifest: dict) -> list[str]:
-    """Sweep values in the order the experiment file lists them (baseline first)."""
-    return sorted(values, key=lambda v: (v != "baseline", values.index(v)))
-
-
 def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[str, str]]:
     plt = _plt()
     out = run_dir / "plots"
@@ -176,7 +171,8 @@ def lateness_lines(summary: pd.DataFrame) -> list[str]:
 
 MODEL_TEXT = ("Each cell predicted by the calibrated cost model without its measured steps: the run's calibration "
               "(collective micro-benchmarks over the links), the cell's measured round trips and, for real compute, "
-              "the compute of its warm-up steps (synthetic compute: the setting). step error = predicted mean step / measured mean step - 1; bytes error = predicted / kernel-counted "
+              "the compute of its warm-up steps (synthetic compute: the setting). step error = predicted mean step / "
+              "measured mean step - 1; bytes error = predicted / kernel-counted "
               "inter-DC bytes per step - 1.")
 
 
@@ -314,6 +310,8 @@ def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], t
         return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)).replace("`", "")
 
     check_items = "".join(f"<li class={'pass' if c['passed'] else 'fail'}>{esc(check_line(c))}</li>" for c in checks)
+    model_html = "" if model.empty else ("<h2>Predicted vs measured (cost model)</h2><p>" + esc(MODEL_TEXT) + "</p>"
+                                         + model.to_html(index=False, float_format=lambda v: f"{v:.3g}"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(manifest['experiment'])}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}table{{border-collapse:collapse;
 font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}
@@ -325,7 +323,7 @@ img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail
 {'<h2>Claims and thresholds</h2><ul>' + check_items + '</ul>' if checks else ''}
 <h2>Results (median over repetitions)</h2>{table.to_html(index=False, float_format=lambda v: f'{v:.3g}')}
 {''.join(f'<h3>{esc(t)}</h3><img src="{esc(p)}" alt="{esc(t)}">' for p, t in images)}
-{'<h2>Predicted vs measured (cost model)</h2><p>' + esc(MODEL_TEXT) + '</p>' + model.to_html(index=False, float_format=lambda v: f'{v:.3g}') if not model.empty else ''}
+{model_html}
 <h2>Links as the topology sets them (cells apply their sweep values; see the calibration)</h2>
 {links.to_html(index=False)}
 {'<h2>Link calibration per cell</h2>' + cal.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not cal.empty else ''}

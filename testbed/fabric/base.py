@@ -1,43 +1,45 @@
-"""The one interface every backend (netns, docker, ssh) offers to the CLI, runner and probe."""
+"""The one interface every backend's fabric offers to the CLI, runner and probe."""
 
 from __future__ import annotations
 
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from testbed.spec.link import LinkParams
-
-
-class FabricError(RuntimeError):
-    """A fabric operation that failed; str() is one line for the user."""
-
-
-@dataclass(frozen=True)
-class LinkCounters:
-    """Kernel counters of one shaped egress interface."""
-
-    tx_bytes: int
-    tx_packets: int
-    rx_bytes: int
-    rx_packets: int
-    qdisc_drops: int
+if TYPE_CHECKING:
+    from testbed.agents.tc import LinkCounters
+    from testbed.fabric.state import FabricState
+    from testbed.plan.network import LinkEnd, NetworkPlan
+    from testbed.spec.link import LinkParams
 
 
 class Fabric(ABC):
-    """Bring a plan up, run things in its nodes, change links live, read counters, take it down."""
+    """Bring a plan up, run things in its nodes, change links live, read counters, take it down.
+
+    `plan` is the testbed as the runner, probe and reports read it (nodes, addresses, link ends), kept true to
+    what is applied as links are re-shaped."""
+
+    plan: NetworkPlan | None
 
     @abstractmethod
-    def up(self, plan: Any, state: Any = None) -> None:
-        """Build `plan` (a NetworkPlan, or a HostsPlan for ssh); on failure leave nothing behind and raise."""
+    def up(self, plan: Any, state: FabricState) -> None:
+        """Build `plan` (what the backend's plan() returned); on failure leave nothing behind and raise."""
+
+    @abstractmethod
+    def attach(self, plan: Any, state: FabricState) -> None:
+        """Adopt a testbed that an earlier process brought up (from the state file)."""
 
     @abstractmethod
     def down(self) -> None: ...
 
     @abstractmethod
     def popen(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.Popen: ...
+
+    def exec(self, node: str, argv: list[str]) -> int:
+        """Run argv in `node` in the foreground (`testbed exec`); its exit status (a backend may exec it in
+        place and never return)."""
+        return self.popen(node, argv, env={}).wait()
 
     @abstractmethod
     def shape(self, key: str, params: LinkParams) -> None: ...
@@ -49,21 +51,23 @@ class Fabric(ABC):
     def status(self) -> dict[str, Any]: ...
 
     @abstractmethod
-    def attach(self, plan: Any, state: Any) -> None:
-        """Adopt a testbed that an earlier process brought up (from the state file)."""
-
-    @abstractmethod
-    def delay_applied(self, end: Any) -> bool:
+    def delay_applied(self, end: LinkEnd) -> bool:
         """Whether a link end's latency/jitter/loss is applied right now (netem, or a live delay line)."""
-
-    def fetch_outputs(self, local: Path) -> None:
-        """Bring back what nodes wrote into TESTBED_METRICS_DIR=`local` (remote backends; local ones share it)."""
-
-    def delay_line_stats(self) -> dict[str, dict]:
-        """Direction key -> the userspace delay line's cumulative release figures, {worker, released, late:
-        {bucket: packets}} (testbed.fabric.delayline); empty where none runs (netem keeps no such figure)."""
-        return {}
 
     @abstractmethod
     def dead_delay_lines(self) -> list[str]:
         """Where a planned delay mechanism is not running (its links are dark): runs must fail on these."""
+
+    def not_applied_reason(self) -> str:
+        """Why what plan.not_applied() lists is not applied, in words."""
+        return "no netem on this kernel; the userspace delay line serves inter-DC links only"
+
+    def fetch_outputs(self, local: Path) -> None:
+        """Bring back what nodes wrote into TESTBED_METRICS_DIR=`local` (remote backends; local ones share it)."""
+        return
+
+    def delay_line_stats(self) -> dict[str, dict]:
+        """Direction key -> the userspace delay line's cumulative release figures, {worker, released, late:
+        {bucket: packets}} (testbed.agents.delayline); empty where none runs (netem keeps no such figure)."""
+        return {}
+

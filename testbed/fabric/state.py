@@ -1,4 +1,7 @@
-"""What is up, kept on disk so that status/shape/down/clean work from any later process."""
+"""What is up, kept on disk so that status/shape/down/clean work from any later process.
+
+The plan itself is not stored: it is a pure function of the inputs kept here. Each backend keeps its own part
+(`backend_state`, a dataclass of the backend's: its `State`), written as JSON and read back into that class."""
 
 from __future__ import annotations
 
@@ -6,24 +9,38 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from testbed.atomic import write_text
-
-if TYPE_CHECKING:
-    from testbed.spec.link import LinkParams
+from testbed.fabric import registry
+from testbed.fabric.errors import FabricError
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology, topology_from_data
 
 STATE_DIR_ENV = "TESTBED_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/testbed"
 
 
 def state_dir() -> Path:
+    """Where state files (and the netns backend's delay-line files) live: $TESTBED_STATE_DIR or /run/testbed."""
     return Path(os.environ.get(STATE_DIR_ENV, DEFAULT_STATE_DIR))
 
 
 @dataclass
+class BackendState:
+    """A backend's own record in the state file; this one holds nothing."""
+
+    def holds_changes(self) -> bool:
+        """Whether something it changed is still to be undone after a failed bring-up (then the state file
+        stays, for `clean`): nothing, unless a backend says so."""
+        return False
+
+
+@dataclass
 class FabricState:
-    """The inputs the plan was built from (the plan itself is rebuilt: it is a pure function of these)."""
+    """The inputs the plan was built from, and the backend's own record."""
 
     backend: str
     prefix: str
@@ -31,16 +48,28 @@ class FabricState:
     topology: dict[str, Any]
     topology_file: str | None = None
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # direction key -> LinkParams
-    delay_lines: dict[str, int] = field(default_factory=dict)  # gateway namespace -> pid
-    backend_state: dict[str, Any] = field(default_factory=dict)  # ssh: inventory, and what changed per host
+    backend_state: BackendState = field(default_factory=BackendState)
 
-    def override_params(self) -> dict[str, "LinkParams"]:
-        from testbed.spec.link import LinkParams
-
+    def override_params(self) -> dict[str, LinkParams]:
         return {key: LinkParams(**value) for key, value in self.overrides.items()}
 
-    def set_override(self, key: str, params: "LinkParams") -> None:
+    def set_override(self, key: str, params: LinkParams) -> None:
         self.overrides[key] = asdict(params)
+
+    def topology_spec(self) -> Topology:
+        """The topology as it was brought up, validated again (model_dump gave SI floats, which the spec reads
+        as base units: they round-trip as they are)."""
+        links = []
+        for link in self.topology.get("links", []):
+            link = {key: value for key, value in link.items() if value is not None}
+            if "distance" in link and "latency" in link:
+                link.pop("latency")
+            if isinstance(link.get("reverse"), dict):
+                link["reverse"] = {k: v for k, v in link["reverse"].items() if v is not None}
+                if "distance" in link["reverse"] and "latency" in link["reverse"]:
+                    link["reverse"].pop("latency")
+            links.append(link)
+        return topology_from_data({**self.topology, "links": links}, self.topology_file)
 
 
 def state_path(prefix: str) -> Path:
@@ -53,16 +82,16 @@ def save(state: FabricState) -> None:
 
 
 def load(prefix: str) -> FabricState | None:
-    path = state_path(prefix)
+    """The state file of `prefix`, its backend's record read into that backend's State; None when there is none
+    (or it cannot be read: `clean` needs no state)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(state_path(prefix).read_text())
+        kind = registry.get(data["backend"]).State
+        data["backend_state"] = TypeAdapter(kind).validate_python(data.get("backend_state") or {})
+        return FabricState(**data)
+    except (OSError, ValueError, TypeError, KeyError, ValidationError, FabricError):
         return None
-    return FabricState(**data)
 
 
 def remove(prefix: str) -> None:
-    try:
-        state_path(prefix).unlink()
-    except FileNotFoundError:
-        pass
+    state_path(prefix).unlink(missing_ok=True)

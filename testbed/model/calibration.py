@@ -15,12 +15,20 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from testbed.model.collectives import MESSAGE_BYTES, Sim, gloo_all_gather, gloo_all_reduce, gloo_reduce_scatter, transfer
+from testbed.model.collectives import (
+    MESSAGE_BYTES,
+    Sim,
+    gloo_all_gather,
+    gloo_all_reduce,
+    gloo_reduce_scatter,
+    transfer,
+)
 from testbed.model.network import Network, build_network
 from testbed.model.transport import Connections, Transport
 from testbed.spec.topology import Topology
@@ -260,5 +268,5 @@ def fit(topology: Topology, measured: dict[str, Any], ranks_per_node: int = 1) -
         summary["bytes"] = {"kernel": kernel, "payload": payload, "overhead": kernel / payload - 1}
     source = {"topology": topology.name, "links": measured.get("links"), "link_params": measured.get("link_params"),
               "probe": measured.get("probe"), "world": measured.get("world"),
-              "created": datetime.now(timezone.utc).isoformat(), **measured.get("machine", {})}
+              "created": datetime.now(UTC).isoformat(), **measured.get("machine", {})}
     return Calibration(transport, compute_profiles(measured["records"]), summary, samples, source)

@@ -98,7 +98,7 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
     edges = {(i, (i - 1) % g): sim.edge(ranks[i], ranks[(i - 1) % g], flows) for i in range(g)}
     back = {(i, (i + 1) % g): sim.edge(ranks[i], ranks[(i + 1) % g], flows) for i in range(g)}
     clock = start + t.op_overhead
-    free = {pair: clock for pair in edges}
+    free = dict.fromkeys(edges, clock)
     for phase in phases:
         lengths = _segment_lengths(total, g, count, size, phase)
         steps = len(lengths)
@@ -203,7 +203,7 @@ def p2p_link_bytes(network: Network, src: int, dst: int, nbytes: float, messages
     """Bytes a point-to-point transfer puts on each inter-DC link direction it crosses (with `messages`
     messages' overhead; 0 for the payload alone)."""
     a, b = network.dc_of(src), network.dc_of(dst)
-    return {} if a == b else {hop: nbytes + messages * MESSAGE_BYTES for hop in network.path(a, b).hops}
+    return {} if a == b else dict.fromkeys(network.path(a, b).hops, nbytes + messages * MESSAGE_BYTES)
 
 
 def add_bytes(total: dict[str, float], more: dict[str, float], times: float = 1.0) -> dict[str, float]:

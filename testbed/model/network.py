@@ -4,8 +4,10 @@ from it) and a cell's link parameters (a sweep changes them, not the routes)."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from testbed.plan.routing import shortest_paths
 from testbed.spec.link import LinkParams
@@ -93,7 +95,7 @@ def build_network(topology: Topology, links: Mapping[str, LinkParams | Mapping[s
             if a == b:
                 continue
             route = routes[dst]
-            hops = tuple(direction_key(x, y) for x, y in zip(route, route[1:]))
+            hops = tuple(direction_key(x, y) for x, y in itertools.pairwise(route))
             latency, keep, rates = 0.0, 1.0, []
             for hop in hops:
                 p = params[hop]

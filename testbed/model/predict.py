@@ -4,9 +4,10 @@ from the topology, the cell's options and links and a calibration."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from testbed.model import shapes
 from testbed.model.calibration import Calibration, load_calibration

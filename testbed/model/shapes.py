@@ -89,7 +89,7 @@ class WorkloadFigures:
     micro_batches: int
 
     @classmethod
-    def of(cls, opts: Options) -> "WorkloadFigures":
+    def of(cls, opts: Options) -> WorkloadFigures:
         cfg = config(opts)
         n = parameter_count(cfg)
         return cls(n, n * FLOAT_BYTES, cfg.seq_len, opts.micro_batch, opts.micro_batches)

@@ -12,12 +12,22 @@ compression hooks) adds one function here that composes the collectives in testb
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from testbed.model import shapes
-from testbed.model.collectives import (Sim, _segment_lengths, add_bytes, gloo_all_gather, gloo_all_reduce,
-                                       gloo_reduce_scatter, gloo_ring, gloo_segments, p2p_link_bytes, transfer)
+from testbed.model.collectives import (
+    Sim,
+    _segment_lengths,
+    add_bytes,
+    gloo_all_gather,
+    gloo_all_reduce,
+    gloo_reduce_scatter,
+    gloo_ring,
+    gloo_segments,
+    p2p_link_bytes,
+    transfer,
+)
 from testbed.model.network import Network
 from testbed.model.transport import Transport
 from testbed.spec.schedules import overlap_lookahead, schedule_ops
@@ -142,7 +152,7 @@ def flat_dp(m: CellModel) -> Prediction:
     numel = shapes.parameter_count(shapes.config(opts))
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, link = 0.0, [], [], {}
-    for step in range(opts.steps):
+    for _step in range(opts.steps):
         begin = clock
         clock += compute
         end, link = _inter_reduce(sim, world, numel, opts.compression, clock, "world")
@@ -179,7 +189,7 @@ def hier_dp(m: CellModel) -> Prediction:
     numel = shapes.parameter_count(shapes.config(opts))
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, link = 0.0, [], [], {}
-    for step in range(opts.steps):
+    for _step in range(opts.steps):
         begin = clock
         clock += compute
         end, _, link = _hier_sync(sim, numel, opts.compression, clock, "hier")
@@ -213,7 +223,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, link = 0.0, [], [], {}
     lane_slots = {lane: [0.0, 0.0] for lane in range(lanes)}  # ProcessGroupGloo runs two works at a time
-    for step in range(opts.steps):
+    for _step in range(opts.steps):
         begin = clock
         if opts.synthetic:  # forward of every micro-batch, then each bucket's share of the whole backward
             backward_from, backward = clock + compute * (1 - BACKWARD_SHARE), compute * BACKWARD_SHARE
@@ -292,7 +302,7 @@ def pipeline(m: CellModel) -> Prediction:
         a, b = stage_rank[g % p], stage_rank[(g + 1) % p]
         add_bytes(link, p2p_link_bytes(net, a, b, act), mb * pipelines)
         add_bytes(link, p2p_link_bytes(net, b, a, act), mb * pipelines)
-    for step in range(opts.steps):
+    for _step in range(opts.steps):
         starts = list(clocks)
         arrive: dict[tuple, float] = {}  # (global chunk, mb, backward) -> arrival of its input at that chunk's stage
         sent: dict[tuple, float] = {}  # (global chunk, mb, backward) -> when its input was sent
@@ -485,4 +495,4 @@ def predict(m: CellModel) -> Prediction:
     return prediction
 
 
-__all__ = ["CellModel", "Prediction", "PREDICTORS", "predict"]
+__all__ = ["PREDICTORS", "CellModel", "Prediction", "predict"]

@@ -48,15 +48,15 @@ class Transport:
     wire_overhead: float = 0.035  # kernel-counted bytes per payload byte, minus one (headers, ACKs, control)
     fixed_bytes: float = 0.0  # kernel-counted bytes per cell besides its steps (process-group start-up)
 
-    def with_fit(self, **values: Any) -> "Transport":
+    def with_fit(self, **values: Any) -> Transport:
         return replace(self, **values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Transport":
-        known = {f for f in cls.__dataclass_fields__}
+    def from_dict(cls, data: dict[str, Any]) -> Transport:
+        known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

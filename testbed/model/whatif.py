@@ -21,7 +21,7 @@ import pandas as pd
 
 from testbed.model.collectives import ring_all_reduce_factor, windowed_rate
 from testbed.spec.scenario import Scenario, ScenarioStrategy
-from testbed.units import fibre_delay
+from testbed.spec.units import fibre_delay
 
 BACKWARD_SHARE = 2 / 3
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from testbed.spec.subnet import lan_prefixlen
 
 if TYPE_CHECKING:
     from testbed.spec.topology import Topology
@@ -33,23 +34,12 @@ class Addressing:
     links: tuple[LinkAddresses, ...]
 
 
-def _lan_prefix(subnet: ipaddress.IPv4Network, n_dcs: int, max_nodes: int, n_links: int) -> int:
-    tight = 32 - math.ceil(math.log2(max_nodes + 3))  # nodes + gateway + network + broadcast
-    for prefix in (min(24, tight), tight):  # a readable /24 per DC when it fits, else the smallest block
-        if prefix < subnet.prefixlen:
-            continue
-        block = 2 ** (32 - prefix)
-        link_blocks = math.ceil(2 * n_links / block)
-        if (n_dcs + link_blocks) * block <= subnet.num_addresses:
-            return prefix
-    raise ValueError(f"{subnet} is too small for {n_dcs} DCs of up to {max_nodes} nodes and {n_links} links")
 
-
-def allocate(topology: "Topology") -> Addressing:
+def allocate(topology: Topology) -> Addressing:
     """DC i gets the i-th LAN block (gateway .1, nodes from .2); links get /31s in the blocks after them."""
     subnet = ipaddress.IPv4Network(topology.subnet)
     max_nodes = max(dc.nodes for dc in topology.dcs)
-    prefix = _lan_prefix(subnet, len(topology.dcs), max_nodes, len(topology.links))
+    prefix = lan_prefixlen(subnet, len(topology.dcs), max_nodes, len(topology.links))
     blocks = subnet.subnets(new_prefix=prefix)
     dcs: dict[str, DCAddresses] = {}
     for dc in topology.dcs:

@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed import units
 from testbed.plan.network import direction_key
+from testbed.spec import units
 from testbed.spec.experiment import LINK_KEY, LINK_PARSERS, Experiment
 from testbed.spec.link import LinkParams
-from testbed.spec.topology import Topology
 from testbed.spec.strategies import Options
+from testbed.spec.topology import Topology
 
 UNSHAPED = LinkParams()
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from testbed.plan.containers import LABEL, LABEL_ROLE, NETWORK_OPTIONS, ContainersPlan, ContainerSpec
+from testbed.plan.containers import LABEL, LABEL_ROLE, NETWORK_OPTIONS, ContainerSpec, ContainersPlan
 
 IMAGE = "${TESTBED_IMAGE:-testbed:latest}"
 INPUT = "/input"

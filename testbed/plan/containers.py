@@ -15,20 +15,24 @@ Intra-DC access links are not shaped here: a capless node cannot shape its own i
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 from dataclasses import asdict, dataclass, field
 
+from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.addressing import allocate
-from testbed.plan.network import direction_key, link_direction_params
+from testbed.plan.network import NetworkPlan, build_plan, direction_key, link_direction_params
 from testbed.plan.routing import next_hops
+from testbed.plan.shaping import Shaping
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
 LABEL = "testbed"  # every container, network and image carries it; its value is the testbed's prefix
 LABEL_ROLE, LABEL_NODE, LABEL_DC = "testbed.role", "testbed.node", "testbed.dc"
 DEFAULT_IMAGE = "testbed:latest"
-ROUTER_ENV = "TESTBED_ROUTER"  # the router's configuration, JSON (what `python -m testbed.fabric.router` reads)
+ROUTER_COMMAND = ("python", "-m", "testbed.agents.router")  # + serve (a DC router) | idle (a node)
+ROUTER_ENV = "TESTBED_ROUTER"  # the router's configuration, RouterConfig as JSON
 ROUTER_READY = "/run/testbed/router.ready"
 NETWORK_OPTIONS = {
     "com.docker.network.bridge.inhibit_ipv4": "true",  # the host gets no address: it never routes for us
@@ -73,6 +77,7 @@ class ContainerSpec:
     environment: dict[str, str] = field(default_factory=dict)
     extra_hosts: tuple[tuple[str, str], ...] = ()  # (name, address): the other nodes, IPv4 and IPv4-mapped IPv6
     healthcheck: tuple[str, ...] = ()
+    router: RouterConfig | None = None  # a router's configuration (also in `environment`, as its process reads it)
 
     def labels(self, prefix: str) -> dict[str, str]:
         labels = {LABEL: prefix, LABEL_ROLE: self.role, LABEL_DC: self.dc}
@@ -111,26 +116,61 @@ def _link_networks(topology: Topology) -> list[ipaddress.IPv4Network]:
     return nets
 
 
-def router_config(topology: Topology, dc: str, prefix: str, shaper: str, lan_address: str,
-                  links: dict[str, tuple[str, str]], overrides: dict[str, LinkParams] | None = None) -> dict:
-    """What the router of `dc` applies: interface names by address, the gateway address it claims, routes,
-    its egress link ends (tc) and the directions it delays on ingress (the userspace delay line).
+@dataclass(frozen=True)
+class RouterRoute:
+    dst: str  # a DC LAN, CIDR
+    via: str  # the next router's address on a link network
 
-    `links`: peer DC -> (this router's address on the link network, the peer router's address).
-    """
+
+@dataclass(frozen=True)
+class RouterLinkEnd:
+    """One direction of an inter-DC link at this router: shaped on egress, delayed on ingress."""
+
+    key: str  # direction key, e.g. "east->west"
+    ifname: str  # to-<peer>
+    params: LinkParams
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """What the router of `dc` applies (testbed.agents.router reads it from the env, ROUTER_ENV): interface
+    names by address, the gateway address it claims, routes, its egress link ends (tc) and the directions it
+    delays on ingress (the userspace delay line)."""
+
+    dc: str
+    prefix: str
+    shaper: str  # as requested: "auto" is resolved by the router on the docker host's kernel
+    gateway: str  # CIDR
+    interfaces: dict[str, str]  # address -> the name the router gives the interface holding it
+    routes: tuple[RouterRoute, ...]
+    egress: tuple[RouterLinkEnd, ...]
+    ingress: tuple[RouterLinkEnd, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RouterConfig:
+        from pydantic import TypeAdapter
+
+        return TypeAdapter(cls).validate_json(text)
+
+
+def router_config(topology: Topology, dc: str, prefix: str, shaper: str, lan_address: str,
+                  links: dict[str, tuple[str, str]], overrides: dict[str, LinkParams] | None = None) -> RouterConfig:
+    """The configuration of `dc`'s router. `links`: peer DC -> (this router's address on the link network, the
+    peer router's address)."""
     addressing = allocate(topology)
     lan = addressing.dcs[dc]
     hops = next_hops(topology).get(dc, {})
-    return {
-        "dc": dc, "prefix": prefix, "shaper": shaper,
-        "gateway": f"{lan.gateway}/{lan.lan.prefixlen}",
-        "interfaces": {lan_address: "lan", **{mine: f"to-{peer}" for peer, (mine, _) in sorted(links.items())}},
-        "routes": [{"dst": str(addressing.dcs[dst].lan), "via": links[hop][1]} for dst, hop in sorted(hops.items())],
-        "egress": [{"key": direction_key(dc, peer), "ifname": f"to-{peer}",
-                    "params": asdict(link_direction_params(topology, dc, peer, overrides))} for peer in sorted(links)],
-        "ingress": [{"key": direction_key(peer, dc), "ifname": f"to-{peer}",
-                     "params": asdict(link_direction_params(topology, peer, dc, overrides))} for peer in sorted(links)],
-    }
+    return RouterConfig(
+        dc=dc, prefix=prefix, shaper=shaper, gateway=f"{lan.gateway}/{lan.lan.prefixlen}",
+        interfaces={lan_address: "lan", **{mine: f"to-{peer}" for peer, (mine, _) in sorted(links.items())}},
+        routes=tuple(RouterRoute(str(addressing.dcs[dst].lan), links[hop][1]) for dst, hop in sorted(hops.items())),
+        egress=tuple(RouterLinkEnd(direction_key(dc, peer), f"to-{peer}",
+                                   link_direction_params(topology, dc, peer, overrides)) for peer in sorted(links)),
+        ingress=tuple(RouterLinkEnd(direction_key(peer, dc), f"to-{peer}",
+                                    link_direction_params(topology, peer, dc, overrides)) for peer in sorted(links)))
 
 
 def _peer_hosts(hosts: dict[str, str], me: str) -> tuple[tuple[str, str], ...]:
@@ -141,7 +181,7 @@ def _peer_hosts(hosts: dict[str, str], me: str) -> tuple[tuple[str, str], ...]:
                  for pair in ((peer, address), (peer, f"::ffff:{address}")))
 
 
-def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str = "tb-") -> ContainersPlan:
+def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str = DEFAULT_PREFIX) -> ContainersPlan:
     """Pure: every docker network and container of `topology` (addresses as in the netns plan)."""
     addressing = allocate(topology)
     lans: list[DockerNetwork] = []
@@ -167,16 +207,34 @@ def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str 
         if router_address in dc_addr.nodes:
             raise ValueError(f"DC {dc.name}: its LAN {dc_addr.lan} has no free address left for the DC router "
                              "container; give the topology a larger subnet")
-        for index, name in enumerate(dc.node_names()):
+        for _index, name in enumerate(dc.node_names()):
             containers.append(ContainerSpec(
                 name, "node", dc.name, (Attachment(lan_name, hosts[name]),),
-                ("python", "-m", "testbed.fabric.router", "idle"), dict(NODE_SYSCTLS),
+                (*ROUTER_COMMAND, "idle"), dict(NODE_SYSCTLS),
                 extra_hosts=_peer_hosts(hosts, name)))
         config = router_config(topology, dc.name, prefix, shaper, str(router_address), router_links[dc.name])
         containers.append(ContainerSpec(
             f"{dc.name}-gw", "router", dc.name,
             (Attachment(lan_name, str(router_address)), *link_attachments[dc.name]),
-            ("python", "-m", "testbed.fabric.router", "serve"), dict(ROUTER_SYSCTLS), ("NET_ADMIN",),
-            {ROUTER_ENV: json.dumps(config, sort_keys=True), "TESTBED_STATE_DIR": "/run/testbed"},
-            healthcheck=("CMD", "test", "-f", ROUTER_READY)))
+            (*ROUTER_COMMAND, "serve"), dict(ROUTER_SYSCTLS), ("NET_ADMIN",),
+            {ROUTER_ENV: config.to_json(), "TESTBED_STATE_DIR": "/run/testbed"},
+            healthcheck=("CMD", "test", "-f", ROUTER_READY), router=config))
     return ContainersPlan(topology.name, prefix, shaper, tuple(lans + link_nets), tuple(containers))
+
+
+def docker_network_plan(topology: Topology, shaper: str, prefix: str,
+                        overrides: dict[str, LinkParams] | None = None) -> NetworkPlan:
+    """What the docker testbed is, in the netns plan's terms (nodes, addresses, inter-DC link ends) for the
+    runner, probe and reports. Intra-DC access links stay unshaped (capless node containers cannot shape their
+    own interfaces), and say so; `shaper` is the one the routers resolved."""
+    plan = build_plan(topology, shaper, prefix, overrides)
+    ends = []
+    for end in plan.link_ends:
+        if end.kind == "access":
+            params = end.shaping.params
+            missing = tuple(name for name, set_ in (("bandwidth", params.bandwidth is not None),
+                                                    ("latency", params.latency > 0), ("jitter", params.jitter > 0),
+                                                    ("loss", params.loss > 0)) if set_)
+            end = dataclasses.replace(end, shaping=Shaping(end.shaping.shaper, params, (), None, missing))
+        ends.append(end)
+    return dataclasses.replace(plan, link_ends=tuple(ends))

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.plan.delayline import DelayDirection
 from testbed.plan.network import InterDCLink, LinkEnd, NetworkPlan, Node, direction_key, link_direction_params
-from testbed.plan.shaping import (DelayDirection, Shaper, Shaping, htb_burst, netem_options,
-                                  plan_shaping, queue_limit)
+from testbed.plan.shaping import Shaper, Shaping, htb_burst, netem_options, plan_shaping, queue_limit
 from testbed.spec.errors import SpecError
 from testbed.spec.inventory import HostSpec, Inventory
 from testbed.spec.link import LinkParams
@@ -178,7 +178,3 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
     network = NetworkPlan(topology.name, prefix, shaper, (), (), (), (), tuple(ends), nodes, tuple(links), {})
     return HostsPlan(network, tuple(plans), inventory_file)
 
-
-def undo_commands(dev: str) -> list[list[str]]:
-    """What restores an interface: deleting our root qdisc gives the kernel's default back."""
-    return [["tc", "qdisc", "del", "dev", dev, "root", "handle", ROOT_HANDLE]]

@@ -12,15 +12,16 @@ host namespace never holds a testbed interface, not even for a moment.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
+from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.addressing import Addressing, allocate
+from testbed.plan.delayline import DelayDirection
 from testbed.plan.routing import next_hops
 from testbed.plan.shaping import Shaper, Shaping, plan_shaping
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
-
-DEFAULT_PREFIX = "tb-"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,25 @@ class NetworkPlan:
     def not_applied(self) -> dict[str, tuple[str, ...]]:
         return {end.key: end.shaping.not_applied for end in self.link_ends if end.shaping.not_applied}
 
+    def delay_lines(self) -> dict[str, list[DelayDirection]]:
+        """Gateway namespace -> the directions its userspace delay line serves: a->b is delayed where it
+        arrives, in b's gateway, on packets coming in on `to-a` (empty under netem)."""
+        out: dict[str, list[DelayDirection]] = {}
+        for link in self.links:
+            for key, src, dst in ((link.forward, link.a, link.b), (link.backward, link.b, link.a)):
+                spec = self.link_end(key).shaping.delay_line
+                if spec is not None:
+                    work = out.setdefault(self.gateways[dst], [])
+                    work.append(DelayDirection.serving(key, f"to-{src}", len(work), spec))
+        return out
+
+    def delay_line_of(self, key: str) -> str | None:
+        """The gateway namespace whose delay line serves direction `key`, if any."""
+        for ns, work in self.delay_lines().items():
+            if any(item.key == key for item in work):
+                return ns
+        return None
+
 
 def direction_key(src: str, dst: str) -> str:
     return f"{src}->{dst}"
@@ -191,4 +211,4 @@ def path_params(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str)
     from testbed.plan.routing import shortest_paths
 
     path = shortest_paths(topology, src_dc)[dst_dc]
-    return [plan.link_end(direction_key(x, y)).shaping.params for x, y in zip(path, path[1:])]
+    return [plan.link_end(direction_key(x, y)).shaping.params for x, y in itertools.pairwise(path)]

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from testbed.spec.topology import Topology
 
 
-def _weights(topology: "Topology") -> dict[str, dict[str, float]]:
+def _weights(topology: Topology) -> dict[str, dict[str, float]]:
     """Symmetric edge weights (mean of both directions' latency, plus a hop cost) so paths are symmetric."""
     graph: dict[str, dict[str, float]] = {dc.name: {} for dc in topology.dcs}
     for link in topology.links:
@@ -19,7 +19,7 @@ def _weights(topology: "Topology") -> dict[str, dict[str, float]]:
     return graph
 
 
-def shortest_paths(topology: "Topology", source: str) -> dict[str, list[str]]:
+def shortest_paths(topology: Topology, source: str) -> dict[str, list[str]]:
     """DC name -> the list of DCs from `source` to it (inclusive), by Dijkstra with name tie-breaks."""
     graph = _weights(topology)
     best: dict[str, tuple[float, list[str]]] = {}
@@ -32,11 +32,11 @@ def shortest_paths(topology: "Topology", source: str) -> dict[str, list[str]]:
         best[here] = (cost, path)
         for peer, weight in sorted(graph[here].items()):
             if peer not in best:
-                heapq.heappush(queue, (cost + weight, path + [peer]))
+                heapq.heappush(queue, (cost + weight, [*path, peer]))
     return {name: path for name, (_, path) in best.items()}
 
 
-def next_hops(topology: "Topology") -> dict[str, dict[str, str]]:
+def next_hops(topology: Topology) -> dict[str, dict[str, str]]:
     """source DC -> {destination DC -> neighbouring DC to forward to}."""
     table: dict[str, dict[str, str]] = {}
     for dc in topology.dcs:

@@ -4,7 +4,7 @@ Two shapers give the same link semantics:
 - ``netem``: root HTB (rate, burst sized for this kernel's HZ) -> one class -> a netem child carrying
   delay, jitter, loss, rate and a `limit` sized to the bandwidth-delay product.
 - ``userspace-delay``: root HTB -> one class -> a pfifo of the same `limit`; delay, jitter and loss are
-  left to the userspace delay line (see testbed.fabric.delayline), described here as `DelayLineSpec`.
+  left to the userspace delay line (testbed.agents.delayline), described by a `DelayLineSpec` (testbed.plan.delayline).
 
 Jitter, in both: uniform in [latency - jitter, latency + jitter] (netem's law without a distribution
 table), never below zero. Loss: independent per packet.
@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from testbed.plan.delayline import DelayLineSpec
 from testbed.spec.link import LinkParams
 
 Shaper = Literal["netem", "userspace-delay"]
@@ -57,46 +58,6 @@ class TcObject:
     def describe(self) -> str:
         opts = " ".join(f"{key} {value}" for key, value in self.options.items())
         return f"{self.what} {self.kind} {format_handle(self.handle)} parent {format_handle(self.parent)} {opts}"
-
-
-@dataclass(frozen=True)
-class DelayLineSpec:
-    """What the userspace delay line must do on one link direction."""
-
-    latency: float
-    jitter: float
-    loss: float
-    limit: int
-
-
-DELAY_LINE_QUEUE_MIN = 4096  # packets a delay-line queue holds at least (NFQUEUE's own default is 1024)
-
-
-def delay_line_queue(spec: DelayLineSpec) -> int:
-    """The NFQUEUE length bound for one delayed direction."""
-    return max(spec.limit, DELAY_LINE_QUEUE_MIN)
-
-
-@dataclass(frozen=True)
-class DelayDirection:
-    """One direction a delay line serves: packets arriving on `ifname` (from `sources`, if given) go to
-    NFQUEUE number `queue` and are held latency +- jitter, dropped with probability loss."""
-
-    key: str  # direction key, e.g. "east->west"
-    ifname: str
-    queue: int
-    latency: float
-    jitter: float
-    loss: float
-    limit: int
-    sources: tuple[str, ...] = ()
-    comment: str = ""  # iptables comment on its rule, so an undo can find it
-
-    @classmethod
-    def serving(cls, key: str, ifname: str, queue: int, spec: DelayLineSpec, sources: tuple[str, ...] = (),
-                comment: str = "") -> "DelayDirection":
-        """The delay line's work for direction `key` as `spec` plans it, on NFQUEUE number `queue`."""
-        return cls(key, ifname, queue, spec.latency, spec.jitter, spec.loss, delay_line_queue(spec), sources, comment)
 
 
 @dataclass(frozen=True)

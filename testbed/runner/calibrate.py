@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from testbed.fabric.control import Testbed
+from testbed.fabric.lifecycle import Testbed
+from testbed.runner.links import calibrate as probe_links
+from testbed.runner.links import counter_delta, inter_dc_counters
 from testbed.runner.ranks import RankGroup, rank_layout
 
 
@@ -31,9 +34,6 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
             timeout: float = 600) -> dict[str, Any]:
     """Run the micro-benchmarks as every rank; returns {'records', 'probe', 'link_bytes', 'links', 'world'}.
     Raises RuntimeError naming the rank when one fails."""
-    from testbed.runner.experiment import calibrate as probe_links
-    from testbed.runner.experiment import counter_delta, inter_dc_counters
-
     if work_dir.exists():
         shutil.rmtree(work_dir)
     metrics, logs = work_dir / "metrics", work_dir / "logs"
@@ -81,27 +81,26 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     """Measure and fit: a testbed.model Calibration for this testbed as its links are now."""
     import os
     import platform
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from testbed.model.calibration import fit
 
     argv = benchmark_argv(sizes or [65536, 4194304], reps=reps, lanes=4, **workload_profile(experiment))
     measured = measure(testbed, work_dir, argv, ranks_per_node=ranks_per_node, timeout=timeout)
     measured["machine"] = {"kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
-                           "shaper": testbed.plan.shaper, "measured": datetime.now(timezone.utc).isoformat()}
+                           "shaper": testbed.plan.shaper, "measured": datetime.now(UTC).isoformat()}
     measured["shared_clock"] = testbed.state.backend != "ssh"
     (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
     return fit(testbed.topology, measured, ranks_per_node)
 
 
-def calibrate_file(path: Path, output: Path, *, prefix: str, shaper: str = "auto", backend: Any = None,
+def calibrate_file(path: Path, output: Path, *, prefix: str, shaper: str = "auto", backend: Any = "netns",
                    ranks_per_node: int = 1, sizes: list[int] | None = None, reps: int = 2) -> Any:
     """`testbed calibrate TOPOLOGY|EXPERIMENT`: bring the topology up (an experiment's, with its model profiled),
     measure, fit, write the calibration file, tear down. Returns the Calibration."""
     import yaml
 
-    from testbed.fabric.control import Backend
-    from testbed.runner.experiment import fabric
+    from testbed.fabric.lifecycle import bring_up, tear_down
     from testbed.spec.experiment import load_experiment
     from testbed.spec.topology import load_topology
 
@@ -112,8 +111,11 @@ def calibrate_file(path: Path, output: Path, *, prefix: str, shaper: str = "auto
         ranks_per_node = experiment.workload.ranks_per_node
     else:
         topology = load_topology(path)
-    with fabric(topology, Path(path), prefix, shaper, backend or Backend()) as testbed:
+    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=Path(path), backend=backend)
+    try:
         calibration = calibrate_testbed(testbed, output.parent / (output.stem + "-work"), experiment,
                                         ranks_per_node=ranks_per_node, sizes=sizes, reps=reps)
+    finally:
+        tear_down(prefix)
     calibration.save(output)
     return calibration

@@ -1,9 +1,10 @@
-"""Run an experiment cell by cell on a fabric (netns by default, or ssh hosts) and write results/<experiment>/<run>/.
+"""Run an experiment cell by cell on a fabric (any backend) and write results/<experiment>/<run>/cells/.
 
 Per cell: re-shape the links live (no rebuild between latency cells), calibrate them (RTT per DC pair),
 read the kernel counters of every inter-DC link end, start the ranks, watch them, read the counters
 again, and write cells/<id>/result.json last and atomically: a cell without it is incomplete, so
---resume redoes exactly those. The fabric is always torn down, also on Ctrl-C or a failure.
+--resume redoes exactly those. The fabric is always torn down, also on Ctrl-C or a failure. The tables, plots
+and report are testbed.collect's, built from that directory.
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
+from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.atomic import write_text as atomic_write
-from testbed.fabric import cancel
-from testbed.fabric.control import Backend, Testbed, bring_up, tear_down
-from testbed.runner.cells import Cell, plan_cells
+from testbed.fabric import cancel, registry
+from testbed.fabric.backend import Backend
+from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
+from testbed.runner.cells import Cell, base_links, plan_cells
+from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import RankGroup, rank_layout
 from testbed.spec.experiment import Experiment, load_experiment
+from testbed.spec.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,31 +73,8 @@ def manifest(experiment: Experiment, source: Path | None, testbed: Testbed, extr
                   for end in testbed.plan.link_ends if end.kind == "inter-dc"},
         "topology": testbed.topology.model_dump(mode="json"), "seed": experiment.workload.seed,
         "warmup_steps": experiment.workload.warmup_steps, "repetitions": experiment.repetitions,
-        "started": datetime.now(timezone.utc).isoformat(), **(extra or {}),
+        "started": datetime.now(UTC).isoformat(), **(extra or {}),
     }
-
-
-def calibrate(testbed: Testbed, mode: str) -> list[dict]:
-    """Measured RTT (and goodput with mode 'full') per ordered DC pair, as the cell's links are now."""
-    if mode == "none":
-        return []
-    from testbed.probe.measure import as_records, probe_all
-
-    results = probe_all(testbed.fabric, testbed.plan, testbed.topology, pings=30 if mode == "rtt" else 100,
-                        seconds=0.0 if mode == "rtt" else 2.0, applied=testbed.fabric.delay_applied)
-    keep = ("src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_p50_ms", "rtt_p99_ms", "not_applied")
-    return [{k: r[k] for k in keep + (("goodput_mbps", "goodput_expected_mbps") if mode == "full" else ())}
-            for r in as_records(results)]
-
-
-def inter_dc_counters(testbed: Testbed) -> dict[str, dict[str, int]]:
-    counters = testbed.fabric.counters()
-    return {key: dataclasses.asdict(value) for key, value in counters.items()
-            if testbed.plan.link_end(key).kind == "inter-dc"}
-
-
-def counter_delta(before: dict, after: dict) -> dict[str, dict[str, int]]:
-    return {key: {name: after[key][name] - before[key][name] for name in after[key]} for key in after}
 
 
 LATE_FLAG_FRACTION, LATE_FLAG_FLOOR_MS = 0.05, 1.0  # the emulator itself is too late above max(5 % of delay, 1 ms)
@@ -104,8 +87,6 @@ def late_bound_ms(delay_ms: float) -> float:
 
 def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:
     """Per delayed direction: how late the delay line released this cell's packets against their due times."""
-    from testbed.fabric.delayline import lateness_delta, lateness_summary
-
     out = {}
     for key, figures in sorted(after.items()):
         summary = lateness_summary(lateness_delta(before.get(key, {}), figures))
@@ -117,15 +98,9 @@ def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str
 
 def reshape(testbed: Testbed, cell: Cell) -> None:
     """Bring every inter-DC direction to the cell's parameters with live changes only where they differ."""
-    from testbed.fabric import state as state_store
-
     for key, params in cell.link_params().items():
-        end = testbed.plan.link_end(key)
-        if end.shaping.params != params:
-            testbed.fabric.shape(key, params)
-            testbed.state.set_override(key, params)
-    state_store.save(testbed.state)
-    testbed.plan = testbed.fabric.plan  # the fabric keeps its plan current as it shapes
+        if testbed.plan.link_end(key).shaping.params != params:
+            testbed.shape(key, params)
 
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
@@ -180,8 +155,9 @@ def latest_run(out_root: Path, name: str) -> Path | None:
 
 
 def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
-                   only: str | None = None, progress: Any = None, backend: Backend = Backend()) -> Path:
-    """Run (or resume) an experiment; returns the run directory. Tears the fabric down whatever happens."""
+                   only: str | None = None, progress: Any = None, backend: str | Backend = registry.DEFAULT) -> Path:
+    """Run (or resume) an experiment; returns the run directory (its report is testbed.collect's to build).
+    Tears the fabric down whatever happens."""
     experiment, topology = load_experiment(path)
     cells = plan_cells(experiment, topology)
     if only:
@@ -205,7 +181,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                 progress.cell(cell)
             result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
                               experiment.calibrate, experiment.workload.ranks_per_node,
-                              on_tick=(lambda d: progress.tick(d, cell.options["steps"])) if progress else None)
+                              on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None)
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)
@@ -232,7 +208,7 @@ def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment,
 
 
 @contextmanager
-def fabric(topology, topology_file: Path, prefix: str, shaper: str, backend: Backend) -> Iterator[Testbed]:
+def fabric(topology, topology_file: Path, prefix: str, shaper: str, backend: str | Backend) -> Iterator[Testbed]:
     """The testbed for a run, torn down whatever happens (also Ctrl-C or a failed cell)."""
     testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=topology_file, backend=backend)
     try:
@@ -242,32 +218,26 @@ def fabric(topology, topology_file: Path, prefix: str, shaper: str, backend: Bac
 
 
 def finish_run(run_dir: Path) -> Path:
-    """Add every cell's link calibration and the end time to the manifest, then build the report."""
-    from testbed.collect.frames import load_results
-    from testbed.collect.report import build_report
-
+    """Add every cell's link calibration and the end time to the manifest."""
     path = run_dir / "manifest.json"
     data = json.loads(path.read_text())
-    data["calibration"] = {r["cell"]["id"]: r.get("calibration", []) for r in load_results(run_dir)}
-    data["finished"] = datetime.now(timezone.utc).isoformat()
+    results = sorted((json.loads(p.read_text()) for p in (run_dir / "cells").glob("*/result.json")),
+                     key=lambda result: result.get("started", 0.0))
+    data["calibration"] = {r["cell"]["id"]: r.get("calibration", []) for r in results}
+    data["finished"] = datetime.now(UTC).isoformat()
     atomic_write(path, json.dumps(data, indent=1))
-    build_report(run_dir)
     return run_dir
 
 
 def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
                 ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None,
-                backend: Backend = Backend()) -> Path:
+                backend: str | Backend = registry.DEFAULT) -> Path:
     """Bring your own workload: run `command` as every rank across the emulated DCs, with the same env,
     logs, counters and manifest as an experiment (one cell named `command`)."""
-    from testbed.spec.topology import load_topology
-
     topology = load_topology(topology_path)
     experiment = Experiment(name=f"command-{topology.name}", topology=str(topology_path),
                             strategies=[{"name": "flat-dp"}], baseline="none", calibrate="rtt",
                             cell_timeout=timeout, description=f"user command: {' '.join(command)}")
-    from testbed.runner.cells import base_links
-
     links = {k: dataclasses.asdict(v) for k, v in base_links(topology).items()}
     cell = Cell("command", "command", {"steps": 0}, links)
     run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")

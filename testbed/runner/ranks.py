@@ -8,9 +8,9 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from testbed.plan.network import NetworkPlan, Node
 from testbed.spec.topology import Topology

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from testbed import units
+from testbed.spec import units
 from testbed.spec.errors import SpecError
 from testbed.spec.loader import load_yaml, validate_data
 from testbed.spec.strategies import OPTIONS, STRATEGIES, OptionError, Options, check_option, check_options, problem_of
@@ -53,7 +53,7 @@ class WorkloadSpec(BaseModel):
         return check_option(info.field_name, value)
 
     @model_validator(mode="after")
-    def _warmup(self) -> "WorkloadSpec":
+    def _warmup(self) -> WorkloadSpec:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps: {self.warmup_steps} leaves no measured step of {self.steps}")
         return self
@@ -69,7 +69,7 @@ class StrategySpec(BaseModel):
     options: dict[str, Any] = {}
 
     @model_validator(mode="after")
-    def _known(self) -> "StrategySpec":
+    def _known(self) -> StrategySpec:
         strategy = self.strategy or self.name
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
@@ -113,7 +113,7 @@ class Threshold(BaseModel):
     max: float | None = None
 
     @model_validator(mode="after")
-    def _bound(self) -> "Threshold":
+    def _bound(self) -> Threshold:
         if self.min is None and self.max is None:
             raise ValueError("give min, max or both")
         if self.than is not None and self.strategy is None:
@@ -158,7 +158,7 @@ class Experiment(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Experiment":
+    def _consistent(self) -> Experiment:
         names = [s.name for s in self.strategies]
         for index, name in enumerate(names):
             if name in names[:index]:

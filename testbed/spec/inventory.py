@@ -47,7 +47,7 @@ class Inventory(BaseModel):
     dcs: dict[str, list[HostSpec]] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _names(self) -> "Inventory":
+    def _names(self) -> Inventory:
         import re
 
         seen: set[str] = set()

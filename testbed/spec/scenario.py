@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from testbed import units
+from testbed.spec import units
 from testbed.spec.loader import load_model
 
 
@@ -127,7 +127,7 @@ class Scenario(_Strict):
         return {"distance": units.parse_distance(value["distance"]), "bandwidth": units.parse_rate(value["bandwidth"])}
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Scenario":
+    def _consistent(self) -> Scenario:
         per_replica = self.parallelism.tp * self.parallelism.pp
         if self.gpus_per_dc % per_replica:
             raise ValueError(f"gpus_per_dc: {self.gpus_per_dc} is not a multiple of tp x pp = {per_replica}")

@@ -8,9 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from testbed import units
+from testbed.spec import units
 from testbed.spec.link import LinkParams, ReverseOverrides, _LinkFields, unit_field
 from testbed.spec.loader import load_model, validate_data
+from testbed.spec.subnet import lan_prefixlen
 
 DEFAULT_SUBNET = "198.18.0.0/15"  # RFC 2544 benchmarking range
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,11}$"  # short: interface names hold "to-<dc>" in 15 bytes
@@ -51,7 +52,7 @@ class LinkSpec(_LinkFields):
     reverse: ReverseOverrides | None = None
 
     @model_validator(mode="after")
-    def _one_delay_source(self) -> "LinkSpec":
+    def _one_delay_source(self) -> LinkSpec:
         self._check_latency_or_distance()
         if self.reverse is not None:
             self.reverse._check_latency_or_distance()
@@ -89,7 +90,7 @@ class Topology(BaseModel):
         return str(network)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Topology":
+    def _consistent(self) -> Topology:
         names = [dc.name for dc in self.dcs]
         for index, name in enumerate(names):
             if name in names[:index]:
@@ -105,11 +106,9 @@ class Topology(BaseModel):
                                  f"{link.between[1]}")
             pairs.add(pair)
         self._check_connected(names)
-        # Imported here: addressing is pure plan code, and the plan imports this module.
-        from testbed.plan.addressing import allocate
-
         try:
-            allocate(self)
+            lan_prefixlen(ipaddress.IPv4Network(self.subnet), len(self.dcs), max(dc.nodes for dc in self.dcs),
+                          len(self.links))
         except ValueError as error:
             raise ValueError(f"subnet: {error}") from None
         return self

@@ -17,6 +17,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 DEFAULT_SIZES = (4096, 262144, 2097152, 8388608)
 LATE_S = 0.05  # how late the receive of a "late" send/recv is posted
@@ -75,17 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for mode in ("cold", "warm"):
                 flat = torch.ones(n)
-                timed("all_reduce", nbytes, rep, mode, lambda: dist.all_reduce(flat), group="world",
+                timed("all_reduce", nbytes, rep, mode, lambda flat=flat: dist.all_reduce(flat), group="world",
                       ranks=world_ranks)
                 if layout.num_dcs > 1 and len(groups.inter_ranks) > 1:
                     one = torch.ones(n)
-                    timed("all_reduce", nbytes, rep, mode, lambda: dist.all_reduce(one, group=groups.inter),
+                    timed("all_reduce", nbytes, rep, mode, lambda one=one: dist.all_reduce(one, group=groups.inter),
                           group="inter", ranks=groups.inter_ranks, concurrency=1)
                     lanes = len(groups.lanes)
                     if lanes > 1:
                         pieces = list(torch.ones(max(lanes, n)).chunk(lanes))
 
-                        def concurrent() -> None:
+                        def concurrent(pieces: list = pieces) -> None:
                             works = [dist.all_reduce(piece, group=lane, async_op=True)
                                      for piece, lane in zip(pieces, groups.lanes)]
                             for work in works:
@@ -98,18 +99,20 @@ def main(argv: list[str] | None = None) -> int:
                     full = torch.ones(max(g, n - n % g))
                     shard = torch.empty(full.numel() // g)
                     timed("reduce_scatter", full.numel() * 4, rep, mode,
-                          lambda: dist.reduce_scatter(shard, list(full.chunk(g)), group=groups.intra),
+                          lambda shard=shard, full=full, g=g: dist.reduce_scatter(shard, list(full.chunk(g)),
+                                                                                   group=groups.intra),
                           group="intra", ranks=groups.intra_ranks)
                     gathered = torch.empty(full.numel())
                     timed("all_gather", shard.numel() * 4, rep, mode,
-                          lambda: dist.all_gather_into_tensor(gathered, shard, group=groups.intra),
+                          lambda gathered=gathered, shard=shard: dist.all_gather_into_tensor(gathered, shard,
+                                                                                           group=groups.intra),
                           group="intra", ranks=groups.intra_ranks)
                 for dc in range(layout.num_dcs - 1):  # stage boundaries of a pipeline: DC d -> DC d + 1
                     src, dst = layout.dc_start(dc), layout.dc_start(dc + 1)
                     payload = torch.ones(n)
                     ack = torch.zeros(1)
 
-                    def exchange() -> None:
+                    def exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
                         if layout.rank == src:
                             dist.send(payload, dst)
                             dist.recv(ack, dst)
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
                     timed("send_recv", nbytes, rep, mode, exchange, group="p2p", ranks=[src, dst], pair=dc)
 
-                    def late_exchange() -> None:  # the receive posted after the send (a pipeline's pattern)
+                    def late_exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
+                        # the receive posted after the send (a pipeline's pattern)
                         if layout.rank == src:
                             dist.send(payload, dst)
                             dist.recv(ack, dst)
@@ -132,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                           late_s=LATE_S)
 
     if args.preset:
+        import dataclasses
+
         from testbed.workload.compute import measure_compute_seconds
         from testbed.workload.model import PRESETS
-
-        import dataclasses
 
         cfg = PRESETS[args.preset]
         if args.seq_len:

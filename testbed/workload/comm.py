@@ -19,7 +19,7 @@ class Comm:
         # seconds added to cross-DC point-to-point sends (loopback studies with gloo: the sending thread
         # would share an NCCL communicator with the training thread, which NCCL does not allow)
         self.inject_delay = inject_delay
-        self._delayed: dict[int, "queue.Queue"] = {}
+        self._delayed: dict[int, queue.Queue] = {}
 
     # --- collectives (synchronous; the caller decides whether the wait is exposed) -------------------
     def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup, ranks: list[int]) -> None:

@@ -40,7 +40,7 @@ def build_groups(layout: Layout, lanes: int = 1) -> Groups:
         second = dist.new_group(layout.dc_ranks(dc))
         if dc == layout.dc:
             intra, intra_gather = group, second
-    for lane in range(max(1, lanes)):
+    for _lane in range(max(1, lanes)):
         for k in range(layout.inter_count):
             group = dist.new_group(layout.inter_group(k))
             if k == layout.inter_index:

@@ -13,8 +13,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from testbed.workload.options import Options
 

@@ -89,4 +89,4 @@ def flops_per_token(cfg: ModelConfig, n_params: int) -> float:
     return 6 * n_params + 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
 
 
-__all__ = ["ModelConfig", "PRESETS", "GPT", "layers", "init_weights", "loss_fn", "split_points", "math"]
+__all__ = ["GPT", "PRESETS", "ModelConfig", "init_weights", "layers", "loss_fn", "math", "split_points"]

@@ -17,7 +17,7 @@ from testbed.workload.compute import synthetic_seconds
 from testbed.workload.groups import backend, build_groups
 from testbed.workload.layout import layout_from_env
 from testbed.workload.metrics import Meter, MetricsWriter
-from testbed.workload.model import PRESETS, count_parameters, GPT
+from testbed.workload.model import GPT, PRESETS, count_parameters
 from testbed.workload.options import Options, check_options
 from testbed.workload.strategies import make_strategy
 from testbed.workload.strategies.base import Context

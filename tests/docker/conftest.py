@@ -1,23 +1,25 @@
-"""Docker tests: an image built from this tree by scripts/build-image (its base is cached by a hash of its
-inputs and kept; this image is removed after the session), and a check that nothing labelled stays."""
+"""Docker tests (the image they run is built once per session: tests/conftest.py's docker_image), and a check
+that nothing labelled stays."""
 
 from __future__ import annotations
 
-import subprocess
-import uuid
+from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT
+from testbed.fabric.docker.engine import engine_available
+from tests.needs import cannot_run
+
+HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="session")
-def docker_image():
-    tag = f"testbed:test-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.run([str(ROOT / "scripts" / "build-image"), tag], capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, f"scripts/build-image failed:\n{proc.stderr[-3000:]}"
-    yield tag
-    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a docker engine these are skipped with the reason (failed when CI is set)."""
+    if engine_available():
+        return
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            cannot_run(item, "no docker engine here (DOCKER_HOST unset, no /var/run/docker.sock)")
 
 
 def labelled(prefix: str) -> list[str]:

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from testbed.fabric import delayline
-from testbed.fabric.control import attach, bring_up
-from testbed.fabric.kernel import netem_support
-from testbed.probe.measure import _Server, _run_agent
+from testbed.agents.delayline import control as delay_lines
+from testbed.fabric.lifecycle import attach, bring_up
+from testbed.fabric.netns.kernel import netem_support
+from testbed.fabric.state import state_dir
+from testbed.runner.probe import _run_agent, _Server
 from testbed.spec.topology import topology_from_data
 
 from ..conftest import TOPOLOGIES, namespaces_with, run_cli
@@ -77,14 +78,14 @@ def test_live_shape_changes_the_delay(prefix):
 
 def test_a_killed_delay_worker_is_restarted(prefix):
     testbed = bring_up(two_dc(latency="5ms"), prefix=prefix)
-    gateway = delayline.gateway_of(testbed.plan, "east->west")
-    worker = delayline.read_status(gateway)["worker"]
+    gateway = testbed.plan.delay_line_of("east->west")
+    worker = delay_lines.read_status(state_dir(), gateway).worker
     os.kill(worker, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while delayline.read_status(gateway).get("restarts", 0) < 1:
+    while delay_lines.read_status(state_dir(), gateway).restarts < 1:
         assert time.monotonic() < deadline, "worker was not restarted"
         time.sleep(0.05)
-    assert delayline.read_status(gateway)["worker"] != worker
+    assert delay_lines.read_status(state_dir(), gateway).worker != worker
     rtts = pings(testbed, 20, 0.01)["rtts"]
     assert len(rtts) == 20 and statistics.median(rtts) >= 0.010
 
@@ -92,8 +93,8 @@ def test_a_killed_delay_worker_is_restarted(prefix):
 def test_a_dead_delay_line_fails_loudly(prefix):
     run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), check=True)
     testbed = attach(prefix)
-    gateway = delayline.gateway_of(testbed.plan, "east->west")
-    os.kill(delayline.read_status(gateway)["supervisor"], signal.SIGKILL)
+    gateway = testbed.plan.delay_line_of("east->west")
+    os.kill(delay_lines.read_status(state_dir(), gateway).supervisor, signal.SIGKILL)
     time.sleep(0.2)
     status = run_cli("status")
     assert status.returncode == 1
@@ -107,7 +108,7 @@ def test_netem_path(prefix):
     available, reason = netem_support()
     if available:
         testbed = bring_up(two_dc(latency="10ms", bandwidth="1gbit"), prefix=prefix, shaper="netem")
-        assert testbed.plan.shaper == "netem" and not delayline.assignments(testbed.plan)
+        assert testbed.plan.shaper == "netem" and not testbed.plan.delay_lines()
         assert 0.020 <= statistics.median(pings(testbed, 50, 0.005)["rtts"]) <= 0.022
     else:
         assert "no sch_netem" in reason

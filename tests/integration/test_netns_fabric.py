@@ -7,8 +7,8 @@ import sys
 import pytest
 from pyroute2 import NetNS
 
-from testbed.fabric.control import attach, bring_up, tear_down
-from testbed.fabric.netns import list_namespaces
+from testbed.fabric.lifecycle import attach, bring_up, tear_down
+from testbed.fabric.netns.namespaces import list_namespaces
 from testbed.spec import load_topology
 
 from ..conftest import TOPOLOGIES
@@ -98,12 +98,12 @@ def test_up_on_a_stale_testbed_cleans_first(prefix):
 
 
 def test_failure_during_bring_up_leaves_nothing(prefix, monkeypatch):
-    from testbed.fabric import netns as netns_backend
+    from testbed.fabric.netns import fabric as netns_fabric
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected failure after the namespaces exist")
 
-    monkeypatch.setattr(netns_backend.NetnsFabric, "_start_delay_lines", broken)
+    monkeypatch.setattr(netns_fabric.NetnsFabric, "_start_delay_lines", broken)
     with pytest.raises(RuntimeError, match="injected"):
         bring_up(load_topology(TOPOLOGIES / "two-dc.yaml"), prefix=prefix)
     assert list_namespaces(prefix) == []

@@ -4,6 +4,7 @@ against recorded measurements, calibration fitting, `plan --json`'s shape, what-
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
@@ -14,8 +15,14 @@ import pytest
 
 from testbed.model import shapes
 from testbed.model.calibration import Calibration, fit, fit_transport, predict_samples, samples_from_records
-from testbed.model.collectives import (MESSAGE_BYTES, Sim, gloo_all_reduce, gloo_segments, hierarchical_link_ratio,
-                                       ring_all_reduce_factor)
+from testbed.model.collectives import (
+    MESSAGE_BYTES,
+    Sim,
+    gloo_all_reduce,
+    gloo_segments,
+    hierarchical_link_ratio,
+    ring_all_reduce_factor,
+)
 from testbed.model.network import build_network
 from testbed.model.predict import predict_cell
 from testbed.model.strategies import CellModel, _all_reduce_bytes, pipeline
@@ -35,9 +42,9 @@ def two_dc(nodes: int = 2, latency: float = 0.0, bandwidth: float | None = None,
     names = [f"d{i}" for i in range(dcs)]
     topology = topology_from_data({"name": "t", "dcs": [{"name": n, "nodes": nodes} for n in names],
                                    "links": [{"between": [a, b], "latency": latency, "bandwidth": bandwidth}
-                                             for a, b in zip(names, names[1:])]})
+                                             for a, b in itertools.pairwise(names)]})
     links = {}
-    for a, b in zip(names, names[1:]):
+    for a, b in itertools.pairwise(names):
         links[f"{a}->{b}"] = links[f"{b}->{a}"] = {"latency": latency, "bandwidth": bandwidth}
     return topology, build_network(topology, links)
 
@@ -75,7 +82,7 @@ def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(p, m):
     """Every stage starting together (the first step), the step lasting until the first stage's last backward:
     the share of the step a stage does not compute is the classic (p-1)/(m+p-1). (The workload's bubble_ratio
     counts each rank up to its own last operation, so later stages count less: the model reports that one.)"""
-    topology, net = two_dc(1, 0.0, None, dcs=p)
+    _topology, net = two_dc(1, 0.0, None, dcs=p)
     opts = Options(strategy="pp", schedule="1f1b", micro_batches=m, steps=1, synthetic=True, compute_ms=90,
                    preset="small")
     prediction = pipeline(CellModel(opts, net, IDEAL, 0.09))

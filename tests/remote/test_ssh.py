@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from testbed.fabric.control import bring_up
+from testbed.fabric.lifecycle import bring_up
 from testbed.spec import load_topology
 
 from ..conftest import TOPOLOGIES, run_cli

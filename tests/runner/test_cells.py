@@ -36,10 +36,10 @@ def test_cells_cover_strategies_sweep_repetitions_and_baselines(tmp_path):
     baselines = [c for c in cells if c.baseline]
     assert len(shaped) == 2 * 2 * 2 * 2 and len(baselines) == 2 * 2 * 2  # per strategy x workload point x rep
     assert all(p["latency"] == 0 and p["bandwidth"] is None for c in baselines for p in c.links.values())
-    far = [c for c in shaped if c.sweep["links[east,west].latency"] == "20ms"][0]
+    far = next(c for c in shaped if c.sweep["links[east,west].latency"] == "20ms")
     assert far.links["east->west"]["latency"] == pytest.approx(0.02) and far.links["west->east"]["latency"] == pytest.approx(0.02)
     assert far.links["east->west"]["bandwidth"] == pytest.approx(1e9)  # the rest of the link is the topology's
-    hier = [c for c in shaped if c.strategy == "hier"][0]
+    hier = next(c for c in shaped if c.strategy == "hier")
     assert hier.options["strategy"] == "hier-dp" and hier.options["compression"] == "int8"
     args = hier.workload_args()
     assert args[args.index("--compression") + 1] == "int8" and args[args.index("--steps") + 1] == "4"
@@ -49,7 +49,7 @@ def test_cells_cover_strategies_sweep_repetitions_and_baselines(tmp_path):
 def test_distance_sweeps_become_fibre_latency(tmp_path):
     experiment, topology = load_experiment(ROOT / "experiments" / "distance-sweep.yaml")
     cells = [c for c in plan_cells(experiment, topology) if not c.baseline]
-    far = [c for c in cells if c.sweep["links[east,west].distance"] == "4000km"][0]
+    far = next(c for c in cells if c.sweep["links[east,west].distance"] == "4000km")
     assert far.links["east->west"]["latency"] == pytest.approx(4000 * 4.9e-6)
 
 

@@ -138,7 +138,7 @@ def test_a_killed_rank_fails_its_cell_and_the_rest_completes(prefix, tmp_path):
                 victim = _workload_pids(f"{prefix}west-0")
             time.sleep(0.05)
         os.kill(victim[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        _out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -146,7 +146,7 @@ def test_a_killed_rank_fails_its_cell_and_the_rest_completes(prefix, tmp_path):
     assert "1 of 2 cells failed" in err and "FAIL: cell flat-dp__latency-east-west=1ms__r0: rank 1" in err
     run_dir = run_dir_of(tmp_path / "out")
     results = {p.parent.name: json.loads(p.read_text()) for p in (run_dir / "cells").glob("*/result.json")}
-    killed = [r for name, r in results.items() if "1ms" in name][0]
+    killed = next(r for name, r in results.items() if "1ms" in name)
     assert killed["status"] == "failed" and killed["failed_rank"] == 1
     assert "rank 1 on west-0 died (signal 9)" in killed["reason"]
     assert killed["seconds"] < 40  # failed fast, not at the timeout
@@ -289,7 +289,7 @@ def test_flat_dp_and_diloco_train_on_unequal_dcs(prefix, tmp_path):
     run_dir = next((tmp_path / "out").glob("uneven/*"))
     rows = {r["strategy"]: r for r in csv.DictReader(open(run_dir / "summary.csv"))}
     assert set(rows) == {"flat-dp", "diloco"} and all(r["status"] == "ok" for r in rows.values())
-    for name, row in rows.items():
+    for _name, row in rows.items():
         cell = run_dir / "cells" / row["cell"] / "metrics"
         starts = [json.loads((cell / f"rank{r}.jsonl").read_text().splitlines()[0]) for r in range(5)]
         assert [s["dc"] for s in starts] == [0, 0, 1, 2, 2] and all(s["dc_sizes"] == [2, 1, 2] for s in starts)

@@ -5,12 +5,11 @@ On the host, the first `uml` test of a module boots UML once and runs all of tha
 its own inner outcome, with the inner failure text. Inside UML the tests run as written.
 
 Without UML (no `linux.uml`, or not root) the tests are skipped with the reason; when `CI` is set they fail
-instead: in CI they must run.
+instead (tests/needs.py): in CI they must run.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import cannot_run
 from tests.uml import harness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,11 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in items:
         if item.get_closest_marker("uml"):
-            if os.environ.get("CI"):
-                item.add_marker(pytest.mark.xfail(reason=f"CI must run user-mode Linux tests: {why}",
-                                                  run=False, strict=True))
-            else:
-                item.add_marker(pytest.mark.skip(reason=f"user-mode Linux unavailable: {why}"))
+            cannot_run(item, f"user-mode Linux unavailable: {why}")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,7 +85,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     stop = time.time()
     for when in ("setup", "call", "teardown"):
         failed_here = when == "call" and status == "failed"
-        report = pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords},
+        report = pytest.TestReport(item.nodeid, item.location, dict.fromkeys(item.keywords, 1),
                                    "failed" if failed_here else "passed", longrepr if failed_here else None, when,
                                    duration=(stop - start) if when == "call" else 0.0, start=start, stop=stop)
         item.ihook.pytest_runtest_logreport(report=report)

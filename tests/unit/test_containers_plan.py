@@ -54,7 +54,7 @@ def test_routers_claim_the_gateway_nodes_default_to_and_route_over_link_networks
     assert config["gateway"] == "198.18.0.1/24"  # what docker gave the nodes as their default route
     assert config["interfaces"][lan_address] == "lan" and ipaddress.ip_address(lan_address) in ipaddress.ip_network(
         "198.18.0.0/24")
-    west, west_config = router(plan, "west")
+    west, _west_config = router(plan, "west")
     west_link = next(a.address for a in west.attachments if a.network == links[0].name)
     assert config["routes"] == [{"dst": "198.18.1.0/24", "via": west_link}]
     assert [e["key"] for e in config["egress"]] == ["east->west"]
@@ -65,7 +65,7 @@ def test_routers_claim_the_gateway_nodes_default_to_and_route_over_link_networks
 def test_multi_hop_routes_follow_the_shortest_path():
     plan = build_containers_plan(load_topology(TOPOLOGIES / "chain-4dc-8.yaml"))
     dcs = [c.dc for c in plan.routers()]
-    first, config = router(plan, dcs[0])
+    _first, config = router(plan, dcs[0])
     assert len(config["routes"]) == len(dcs) - 1
     assert len({r["via"] for r in config["routes"]}) == 1  # the end of a chain has one way out
 

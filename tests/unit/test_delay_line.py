@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from testbed.fabric.delayline import LATE_BUCKET, Direction, lateness_delta, lateness_summary
+from testbed.agents.delayline.release import LATE_BUCKET, Direction, lateness_delta, lateness_summary
 
 
 def test_every_packet_is_due_its_latency_after_it_arrived():

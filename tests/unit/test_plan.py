@@ -7,8 +7,14 @@ import pytest
 from testbed.plan.addressing import allocate
 from testbed.plan.network import build_plan, path_params
 from testbed.plan.routing import next_hops, shortest_paths
-from testbed.plan.shaping import (AUTO_QUEUE_MIN, MTU_FRAME, format_handle, htb_burst, netem_options,
-                                  plan_shaping, queue_limit, tc_handle)
+from testbed.plan.shaping import (
+    AUTO_QUEUE_MIN,
+    MTU_FRAME,
+    format_handle,
+    htb_burst,
+    plan_shaping,
+    queue_limit,
+)
 from testbed.spec import LinkParams, load_topology
 from testbed.spec.topology import topology_from_data
 

@@ -16,18 +16,17 @@ from pyroute2.netlink.nlsocket import NetlinkRequest
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from testbed.fabric.base import FabricError
-from testbed.fabric.tc import add_tree, change_tree, tc_request
+from testbed.agents.kernel import KernelLacks
+from testbed.agents.tc import add_tree, change_tree, tc_request
 from testbed.plan.shaping import NETEM_RATE_MAX, ROOT, plan_shaping, tc_handle
 from testbed.spec.link import LinkParams
-
 
 
 class _Socket:
     """What NetlinkRequest reads of a socket to build a message."""
 
     addr_pool = AddrPool(minaddr=1, maxaddr=1000)
-    status = {"nlm_echo": False}
+    status = {"nlm_echo": False}  # noqa: RUF012 (what pyroute2 reads, never written)
     epid = 1
     marshal = None
 
@@ -123,7 +122,52 @@ def test_change_keeps_a_tree_of_the_same_shape_and_rebuilds_another():
 
 def test_a_qdisc_the_kernel_lacks_is_one_line_naming_it():
     shaping = plan_shaping(LinkParams(latency=0.01, bandwidth=1e9), "netem")
-    with pytest.raises(FabricError, match=r"^this kernel lacks sch_netem: tc qdisc add netem on tb-x-gw/to-y failed"):
+    with pytest.raises(KernelLacks, match=r"^this kernel lacks sch_netem: tc qdisc add netem on tb-x-gw/to-y failed"):
         add_tree(FakeHandle(fail_kind="netem"), 3, shaping, where="tb-x-gw/to-y")
     with pytest.raises(NetlinkError):  # anything but a missing feature stays what it is
         add_tree(FakeHandle(fail_kind="htb", error=errno.EINVAL), 3, shaping)
+
+
+def test_a_delay_line_link_changes_its_rate_and_queue_in_place():
+    old = plan_shaping(LinkParams(latency=0.01, bandwidth=1e9), "userspace-delay")
+    handle = FakeHandle()
+    change_tree(handle, 9, old, plan_shaping(LinkParams(latency=0.05, bandwidth=2e8), "userspace-delay"))
+    assert [(verb, kind) for verb, kind, _ in handle.calls] == [("change-class", "htb"), ("change", "pfifo")]
+    parms = dict(handle.calls[0][2]["request_filter"]["options"]["attrs"])["TCA_HTB_PARMS"]
+    assert parms["rate"] == parms["ceil"] == int(2e8 / 8) and handle.calls[1][2]["request_filter"]["limit"] >= 1000
+    handle = FakeHandle()  # unshaped before and after: nothing to tell the kernel
+    change_tree(handle, 9, plan_shaping(LinkParams(latency=0.01), "userspace-delay"),
+                plan_shaping(LinkParams(latency=0.02), "userspace-delay"))
+    assert handle.calls == []
+
+
+class CountersHandle:
+    """What interface_counters reads through pyroute2: the link's 64-bit stats and each qdisc's drops."""
+
+    class Message(dict):
+        def __init__(self, attrs: dict, **fields) -> None:
+            super().__init__(fields)
+            self.attrs = attrs
+
+        def get_attr(self, name: str):
+            return self.attrs.get(name)
+
+        def __bool__(self) -> bool:  # a decoded netlink message is there, whatever its fields
+            return True
+
+    def link_lookup(self, ifname: str) -> list[int]:
+        return [5] if ifname == "to-west" else []
+
+    def get_links(self, index: int):
+        stats = {"tx_bytes": 10, "tx_packets": 2, "rx_bytes": 30, "rx_packets": 4}
+        return [self.Message({"IFLA_STATS64": stats}, index=index)]
+
+    def get_qdiscs(self, index: int):
+        stats = self.Message({"TCA_STATS_QUEUE": {"drops": 3}})
+        return [self.Message({"TCA_STATS2": stats}), self.Message({"TCA_STATS2": stats}), self.Message({})]
+
+
+def test_counters_are_the_interfaces_and_every_qdiscs_drops():
+    from testbed.agents.tc import LinkCounters, interface_counters
+
+    assert interface_counters(CountersHandle(), "to-west") == LinkCounters(10, 2, 30, 4, 6)

@@ -88,7 +88,7 @@ def test_every_pipeline_schedule_matches_the_unpipelined_model(tmp_path, nodes):
     reference, ref_loss = reference_pipeline_grads(base, nodes)
     for schedule in schedules:
         seen = set()
-        for rank, dump in out[schedule].items():
+        for _rank, dump in out[schedule].items():
             for name, grad in dump["grads"].items():
                 assert torch.allclose(grad, reference[name], atol=1e-6, rtol=1e-4), (schedule, name)
                 seen.add(name)
@@ -112,7 +112,7 @@ def test_unequal_dcs_run_flat_dp_diloco_and_a_pipeline(tmp_path):
     one-rank DC serving both), DiLoCo counts every DC once in its outer average (sharded or not, streaming)."""
     sizes = [2, 1, 2]
     common = replace(BASE, micro_batches=2)
-    outer = dict(strategy="diloco", inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    outer = {"strategy": "diloco", "inner_steps": 1, "outer_lr": 1.0, "outer_momentum": 0.0}
     out = run(tmp_path, 3, 0, {
         "flat": replace(common, strategy="flat-dp"),
         "pp": replace(common, strategy="pp", schedule="1f1b"),

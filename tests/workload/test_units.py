@@ -50,8 +50,8 @@ def simulate(p: int, m: int, v: int, schedule: str, t_f: float = 1.0, t_b: float
     """Event simulation of every stage's op list with zero-latency links: (makespan, busy per stage)."""
     ops = {s: schedule_ops(schedule, p, s, m, v, lookahead) for s in range(p)}
     done: dict[tuple, float] = {}
-    clock = {s: 0.0 for s in range(p)}
-    position = {s: 0 for s in range(p)}
+    clock = dict.fromkeys(range(p), 0.0)
+    position = dict.fromkeys(range(p), 0)
     last = p * v - 1
     progressed = True
     while progressed:
@@ -118,7 +118,7 @@ def test_int8_error_feedback_carries_what_was_lost():
     x[0] = 1.0  # one large value makes the small ones round to zero without feedback
     codec = make_codec("int8")
     sent = torch.zeros_like(x)
-    for step in range(50):
+    for _step in range(50):
         sent += codec.decode([codec.encode(x, "k")], x.numel())
     assert torch.allclose(sent / 50, x, atol=1.0 / 254 / 50 * 2)
 

@@ -26,7 +26,7 @@ class Context:
     cfg: ModelConfig
     opts: Options
     synthetic_s: float | None  # forward+backward seconds per micro-batch of the whole model, synthetic mode
-    device: torch.device = torch.device("cpu")
+    device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable: one shared default is right)
 
     def synchronize(self) -> None:
         """Wait for queued GPU work, so that wall-clock compute timings are true."""

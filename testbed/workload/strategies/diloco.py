@@ -80,7 +80,7 @@ class DiLoCo(DataParallel):
     def apply_outer(self, indexes: list[int], delta: torch.Tensor, optimizer: torch.optim.Optimizer,
                     local_progress: list[torch.Tensor] | None = None) -> None:
         offset = 0
-        for k, i in enumerate(indexes):
+        for i in indexes:
             n = self.params[i].numel()
             self.global_params[i].grad = delta[offset: offset + n].view_as(self.params[i]).clone()
             offset += n
@@ -116,7 +116,7 @@ class StreamingDiLoCo(DiLoCo):
         opts = self.ctx.opts
         period = max(1, opts.inner_steps)
         started = []
-        for f, frag in enumerate(self.fragments):
+        for f, _frag in enumerate(self.fragments):
             if (index + 1 - f * period // len(self.fragments)) % period == 0 and index + 1 >= f * period // len(
                     self.fragments):
                 self._start(f, index)

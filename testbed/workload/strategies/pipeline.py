@@ -29,11 +29,10 @@ import time
 import torch
 from torch import nn
 
-from testbed.spec.schedules import Op, overlap_lookahead, schedule_ops
+from testbed.spec.schedules import overlap_lookahead, schedule_ops
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
-from testbed.workload.strategies.base import (Context, MicroBatch, Strategy, average_in_dc, build_model,
-                                              make_optimizer)
+from testbed.workload.strategies.base import Context, MicroBatch, Strategy, average_in_dc, build_model, make_optimizer
 
 
 class Pipeline(Strategy):

@@ -1,0 +1,83 @@
+"""The delay line's supervisor: run (and re-run) the worker, add the iptables rules once it has bound its
+queues, keep a status file, forward SIGHUP (a live `testbed shape`) to the worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from testbed.agents.delayline.files import MODULE, DelayLineFiles, DelayLineStatus
+from testbed.agents.delayline.worker import KERNEL_LACKS
+from testbed.plan.delayline import load_config
+from testbed.waiting import wait_for
+
+BIND_TIMEOUT_S = 10.0
+
+
+def _iptables(rule: list[str]) -> str | None:
+    """Add one rule; None, or one line saying what is missing (the command, or the kernel's mangle/NFQUEUE)."""
+    try:
+        done = subprocess.run(["iptables", "-w", *rule], capture_output=True, text=True)
+    except FileNotFoundError:
+        return "iptables is not installed (apt-get install iptables)"
+    if done.returncode == 0:
+        return None
+    said = " ".join(done.stderr.split()) or f"exit {done.returncode}"
+    return (f"this kernel lacks the mangle table or the NFQUEUE target (iptable_mangle, xt_NFQUEUE): "
+            f"iptables {' '.join(rule[:4])} ... failed: {said}")
+
+
+def supervise(config_path: str) -> int:
+    """Run (and re-run) the worker; set the iptables rules once it is bound; keep a status file."""
+    files = DelayLineFiles.of_config(config_path)
+    work = load_config(files.config.read_text())
+    status = DelayLineStatus(supervisor=os.getpid())
+    bound = {"flag": False}
+    stop = {"flag": False}
+
+    def on_usr1(*_: object) -> None:
+        bound["flag"] = True
+
+    def on_term(*_: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    child: subprocess.Popen | None = None
+    signal.signal(signal.SIGHUP, lambda *_: child and child.send_signal(signal.SIGHUP))
+    while not stop["flag"]:
+        bound["flag"] = False
+        child = subprocess.Popen([sys.executable, "-m", MODULE, "worker", config_path])
+        status.worker = child.pid
+        wait_for(lambda worker=child: bound["flag"] or worker.poll() is not None, BIND_TIMEOUT_S, interval=0.005)
+        if not bound["flag"]:
+            if child.poll() != KERNEL_LACKS:  # else the worker said why in one line
+                print(f"delayline: worker failed to bind its queues (exit {child.poll()})", flush=True)
+            child.kill()
+            return 1
+        if not status.rules:
+            for item in work:
+                rule = item.rule()
+                problem = _iptables(rule)
+                if problem:
+                    print(f"delayline: {problem}", flush=True)
+                    child.kill()
+                    return 1
+                status.rules.append(" ".join(rule))
+            status.ready = True
+        status.write(files.status)
+        while child.poll() is None and not stop["flag"]:
+            time.sleep(0.05)
+        if stop["flag"]:
+            break
+        status.restarts += 1
+        print(f"delayline: worker {child.pid} died (exit {child.returncode}); restart {status.restarts}",
+              flush=True)
+    if child is not None and child.poll() is None:
+        child.kill()
+    return 0
+

@@ -1,0 +1,104 @@
+"""The delay line's worker: bind the NFQUEUE queues, then hold and release packets until killed.
+
+It hands the kernel a verdict for packets it drops (loss) and batch verdicts for the ones due (release.py
+decides which); it wakes shortly before the head of a queue is due. SCHED_FIFO unless $TESTBED_DELAY_LINE_RT is
+0: busy ranks on the same cores otherwise delay its releases by milliseconds (bench/delay_line_priority.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import select
+import signal
+import time
+from pathlib import Path
+
+from testbed.agents.delayline.files import DelayLineFiles
+from testbed.agents.delayline.nfqueue import NF_DROP, QueueSocket
+from testbed.agents.delayline.release import Direction
+from testbed.atomic import write_text
+from testbed.plan.delayline import load_config
+
+EARLY_WAKE = 40e-6  # wake this much before the head is due
+RELEASE_SLACK = 20e-6  # release what is due within this much
+MAX_SLEEP = 0.002
+KERNEL_LACKS = 3  # the worker's exit status when the kernel has no nfnetlink_queue (it printed why)
+RT_ENV, RT_PRIORITY = "TESTBED_DELAY_LINE_RT", 10
+STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
+
+
+def _realtime() -> str:
+    """SCHED_FIFO for the worker unless $TESTBED_DELAY_LINE_RT is 0 (the figures say what ran)."""
+    if os.environ.get(RT_ENV, "1") == "0":
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): run as before
+        return "other"
+    return "fifo"
+
+
+def _write_stats(path: Path, by_key: dict[str, Direction], sched: str) -> None:
+    write_text(path, json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
+        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "late": line.late}
+        for key, line in by_key.items()}}))
+
+
+def worker(config_path: str) -> int:
+    """Bind the queues, then hold and release packets until killed."""
+    libc = ctypes.CDLL(None)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
+    libc.prctl(29, 1)  # PR_SET_TIMERSLACK: 1 ns, so short sleeps end on time
+    files = DelayLineFiles.of_config(config_path)
+    work = load_config(files.config.read_text())
+    try:
+        sock = QueueSocket(timestamps=True)
+        for item in work:
+            sock.bind(item.queue, item.limit, gso=item.loss == 0)
+    except OSError as error:
+        print(f"delayline: this kernel lacks nfnetlink_queue (NFQUEUE): binding a queue failed "
+              f"({error.strerror or error})", flush=True)
+        return KERNEL_LACKS
+    sched = _realtime()
+    rng = random.Random()
+    directions = {item.queue: Direction(item.queue, item.latency, item.jitter, item.loss, rng) for item in work}
+    by_key = {item.key: directions[item.queue] for item in work}
+    flags = {"reload": False, "stats": True}
+    signal.signal(signal.SIGHUP, lambda *_: flags.update(reload=True))
+    signal.signal(signal.SIGUSR2, lambda *_: flags.update(stats=True))  # a runner wants the figures now
+    print(json.dumps({"worker": os.getpid(), "bound": sorted(directions), "scheduling": sched}), flush=True)
+    os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
+    next_stats, written = time.monotonic() + STATS_EVERY, -1
+    while True:
+        if flags["reload"]:
+            flags["reload"] = False
+            for item in load_config(files.config.read_text()):
+                if item.queue in directions:
+                    directions[item.queue].configure(item.latency, item.jitter, item.loss)
+        if flags["stats"] or (time.monotonic() > next_stats and sum(x.released for x in directions.values()) != written):
+            flags["stats"] = False
+            next_stats = time.monotonic() + STATS_EVERY
+            written = sum(x.released for x in directions.values())
+            _write_stats(files.stats, by_key, sched)
+        now = time.time()
+        for packet in sock.receive():
+            line = directions.get(packet.queue)
+            if line is None:
+                continue
+            if not line.admit(packet.packet_id, packet.timestamp if packet.timestamp is not None else now):
+                sock.verdict(packet.queue, packet.packet_id, NF_DROP)
+        now = time.time()
+        wake = None
+        for line in directions.values():
+            last = line.release(now, RELEASE_SLACK)
+            if last is not None:
+                sock.accept_up_to(line.queue, last)
+            due = line.next_due()
+            if due is not None:
+                wake = due if wake is None else min(wake, due)
+        # select(), not poll(): poll rounds its timeout up to whole milliseconds.
+        timeout = 0.2 if wake is None else min(wake - time.time() - EARLY_WAKE, MAX_SLEEP)
+        if timeout > 0:
+            select.select([sock], [], [], timeout)

@@ -1,0 +1,161 @@
+"""Probe agent, run inside a node: `python -m testbed.agents.probe serve|rtt|send ...`; prints JSON.
+
+- serve: a UDP echo and a TCP sink on one port. The sink times what it receives and, when the sender
+  half-closes, answers with its own measurement (goodput is measured where bytes arrive).
+- rtt:   UDP pings with sequence numbers; prints every round-trip time and how many were lost.
+- send:  one TCP flow for N seconds; prints the sink's measurement.
+Only the standard library, so it starts fast in any namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import sys
+import threading
+import time
+
+PING = struct.Struct("!QQ")  # sequence, send time in ns
+CHUNK = 256 * 1024
+
+
+def _udp_echo(sock: socket.socket) -> None:
+    while True:
+        data, peer = sock.recvfrom(2048)
+        sock.sendto(data, peer)
+
+
+def _sink(conn: socket.socket, warmup: float) -> None:
+    marks: list[tuple[float, int]] = []
+    total = 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with conn:
+        while True:
+            n = conn.recv_into(view)
+            if n == 0:
+                break
+            total += n
+            now = time.monotonic()
+            if not marks or now - marks[-1][0] >= 0.01:
+                marks.append((now, total))
+        end = time.monotonic()
+        marks.append((end, total))
+        start_t, start_b = marks[0]
+        # Goodput over the steady part: skip `warmup` seconds of slow start.
+        for t, b in marks:
+            if t - marks[0][0] >= warmup:
+                start_t, start_b = t, b
+                break
+        seconds = max(end - start_t, 1e-9)
+        result = {"bytes": total, "window_bytes": total - start_b, "window_seconds": seconds,
+                  "goodput_bps": (total - start_b) * 8 / seconds, "duration": end - marks[0][0]}
+        conn.sendall(json.dumps(result).encode())
+
+
+def serve(port: int, warmup: float) -> None:
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("0.0.0.0", port))
+    threading.Thread(target=_udp_echo, args=(udp,), daemon=True).start()
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind(("0.0.0.0", port))
+    tcp.listen(8)
+    print(json.dumps({"ready": port}), flush=True)
+    while True:
+        conn, _ = tcp.accept()
+        threading.Thread(target=_sink, args=(conn, warmup), daemon=True).start()
+
+
+def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> dict:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.connect((target, port))
+    sent: dict[int, int] = {}
+    rtts: list[float] = []
+    received: set[int] = set()
+    deadline_after_last = timeout
+    next_send = time.monotonic()
+    seq = 0
+    last_send = 0.0
+    while True:
+        now = time.monotonic()
+        if seq < count and now >= next_send:
+            stamp = time.perf_counter_ns()
+            sock.send(PING.pack(seq, stamp))
+            sent[seq] = stamp
+            seq += 1
+            last_send = now
+            next_send += interval
+        if seq >= count and (len(received) == count or now - last_send > deadline_after_last):
+            break
+        wait = max(0.0, min(next_send - time.monotonic(), 0.05)) if seq < count else 0.05
+        sock.settimeout(wait if wait > 0 else 1e-4)
+        try:
+            data = sock.recv(64)
+        except (TimeoutError, BlockingIOError):
+            continue
+        arrival = time.perf_counter_ns()
+        number, stamp = PING.unpack(data[: PING.size])
+        if number in sent and number not in received and stamp == sent[number]:
+            received.add(number)
+            rtts.append((arrival - stamp) / 1e9)
+    return {"sent": count, "received": len(received), "rtts": rtts}
+
+
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+
+
+def send(target: str, port: int, seconds: float, pace_bps: float = 0.0) -> dict:
+    """One TCP flow; `pace_bps` caps it below the link rate (a flow that does not fill the queue)."""
+    sock = socket.create_connection((target, port), timeout=30)
+    if pace_bps > 0:
+        sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(pace_bps / 8))
+    payload = b"\0" * CHUNK
+    start = time.monotonic()
+    sent = 0
+    while time.monotonic() - start < seconds:
+        sock.sendall(payload)
+        sent += len(payload)
+    sock.shutdown(socket.SHUT_WR)
+    reply = b""
+    while chunk := sock.recv(4096):
+        reply += chunk
+    sock.close()
+    result = json.loads(reply)
+    result["sent_bytes"] = sent
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="testbed.agents.probe")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_serve = sub.add_parser("serve")
+    p_serve.add_argument("--port", type=int, default=5201)
+    p_serve.add_argument("--warmup", type=float, default=0.5)
+    p_rtt = sub.add_parser("rtt")
+    p_rtt.add_argument("target")
+    p_rtt.add_argument("--port", type=int, default=5201)
+    p_rtt.add_argument("--count", type=int, default=200)
+    p_rtt.add_argument("--interval", type=float, default=0.01)
+    p_rtt.add_argument("--timeout", type=float, default=2.0)
+    p_send = sub.add_parser("send")
+    p_send.add_argument("target")
+    p_send.add_argument("--port", type=int, default=5201)
+    p_send.add_argument("--seconds", type=float, default=3.0)
+    p_send.add_argument("--pace", type=float, default=0.0, help="pacing cap in bits/s (0 = none)")
+    args = parser.parse_args(argv)
+    if args.cmd == "serve":
+        serve(args.port, args.warmup)
+        return 0
+    if args.cmd == "rtt":
+        result = rtt(args.target, args.port, args.count, args.interval, args.timeout)
+    else:
+        result = send(args.target, args.port, args.seconds, args.pace)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""`testbed` command line: the commands (commands.py), the tables they print (render.py), and `main`, which
+ends an unexpected exception in one line and the path of its full traceback (exit 70)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from testbed.cli.commands import app, err
+
+EXIT_INTERNAL = 70  # an unexpected exception: a bug; the traceback is in a log file
+
+
+def crash_log_dir() -> Path:
+    """Where tracebacks of unexpected failures go: $TESTBED_LOG_DIR, else $XDG_STATE_HOME/testbed."""
+    if os.environ.get("TESTBED_LOG_DIR"):
+        return Path(os.environ["TESTBED_LOG_DIR"])
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "testbed"
+
+
+def write_crash_log(error: BaseException) -> Path | None:
+    """The full traceback of `error` in a new file; None if it cannot be written."""
+    import traceback
+    from datetime import datetime
+
+    try:
+        path = crash_log_dir() / f"crash-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"testbed {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(error)))
+        return path
+    except OSError:
+        return None
+
+
+def main() -> None:
+    """The `testbed` command: an unexpected exception ends in one line and the path of its traceback."""
+    try:
+        app()
+    except Exception as error:  # SystemExit and KeyboardInterrupt pass: typer already turned them into statuses
+        path = write_crash_log(error)
+        where = f"full traceback: {path}" if path else "the traceback could not be written"
+        text = " ".join(str(error).split()) or "(no message)"
+        err.print(f"[red]error:[/red] unexpected {type(error).__name__}: {text} ({where})", highlight=False,
+                  soft_wrap=True)
+        sys.exit(EXIT_INTERNAL)

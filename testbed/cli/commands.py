@@ -1,0 +1,563 @@
+"""The `testbed` commands: up, status, exec, shape, probe, run, compose, report, compare, check, calibrate,
+plan, whatif, hosts, down, clean. Thin: each parses its options, calls the fabric, runner or collect, and prints (tables: render.py).
+Heavy modules are imported inside the commands, so `testbed --help` stays fast."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from testbed.plan import DEFAULT_PREFIX
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Emulate multi-data-center training: DCs as namespaces, links shaped like DC optical transport.")
+
+out = Console(emoji=False)  # "east-0:up:" is a link name, not an emoji
+err = Console(stderr=True, emoji=False)
+
+PrefixOption = typer.Option(os.environ.get("TESTBED_PREFIX", DEFAULT_PREFIX), "--prefix",
+                            help="Name prefix of every kernel object (env TESTBED_PREFIX).")
+BackendOption = typer.Option("netns", "--backend", help="netns (namespaces on this machine) | docker (containers) "
+                                                      "| ssh (inventory hosts)")
+KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+ImageOption = typer.Option(None, "--image", show_default=os.environ.get("TESTBED_IMAGE", "testbed:latest"),
+                           help="With --backend docker: the image (compose/Dockerfile; env TESTBED_IMAGE).")
+AdoptOption = typer.Option(False, "--adopt", help="With --backend docker: use the containers `docker compose up` "
+                                                  "started from a `testbed compose` file; never remove them.")
+InventoryOption = typer.Option(None, "--inventory", help="With --backend ssh: the inventory YAML file.")
+KnownHostsOption = typer.Option(KNOWN_HOSTS, "--known-hosts", help="Host keys to verify against.")
+AcceptNewOption = typer.Option(False, "--accept-new", help="Record unknown host keys (a changed key is still refused).")
+
+
+def _backend(name: str, inventory: Optional[Path] = None, known_hosts: Path = KNOWN_HOSTS, accept_new: bool = False,
+             image: Optional[str] = None, adopt: bool = False) -> Any:
+    """The backend `name` with the options the user set (an option it does not take is refused: exit 2)."""
+    from testbed.fabric.lifecycle import make_backend
+
+    given = {"inventory": inventory, "known_hosts": known_hosts, "accept_new": accept_new, "image": image,
+             "adopt": adopt}
+    unset = {"inventory": None, "known_hosts": KNOWN_HOSTS, "accept_new": False, "image": None, "adopt": False}
+    chosen = {key: value for key, value in given.items() if value != unset[key]}
+    return _guard(lambda: make_backend(name, **chosen))
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)  # links[a,b] is no markup
+    raise typer.Exit(code)
+
+
+def _guard(fn: Any) -> Any:
+    """Run `fn`, turning spec/fabric errors into one red line and exit code 2 (no traceback)."""
+    from pyroute2 import NetlinkError
+
+    from testbed.fabric.errors import FabricError
+    from testbed.spec.errors import SpecError
+
+    try:
+        return fn()
+    except (SpecError, FabricError) as error:
+        rows = getattr(error, "rows", None)
+        if rows is not None:
+            from testbed.cli.render import hosts_table
+
+            out.print(hosts_table(rows, "hosts"))
+        _fail(str(error))
+    except NetlinkError as error:
+        _fail(f"the kernel refused a request: {os.strerror(error.code)} ({error})")
+    except PermissionError as error:
+        detail = " ".join(str(x) for x in (error.strerror or error, error.filename or "") if x).strip()
+        _fail(f"permission denied ({detail}): network namespaces and tc need root "
+              "(or CAP_SYS_ADMIN and CAP_NET_ADMIN)")
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130) from None
+    except Exception as error:
+        if type(error).__module__.startswith("paramiko"):  # a connection lost mid-way, say
+            _fail(f"SSH: {error or type(error).__name__}")
+        raise
+
+
+def _progress(message: str) -> None:
+    err.print(f"[dim]{message}[/dim]")
+
+
+def _dead(dead: list[str], what: str = "not running") -> None:
+    if dead:
+        _fail(f"delay line {what} in {', '.join(dead)}: " + ("those links are dark; run `testbed up` again"
+                                                               if what == "not running" else "results are not valid"), 1)
+
+
+@app.command()
+def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
+       dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; create nothing (no root needed)."),
+       shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+       backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+       known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+       image: Optional[str] = ImageOption, prefix: str = PrefixOption) -> None:
+    """Bring a topology up (namespaces here, containers, or shaping on inventory hosts over SSH); cleans a stale
+    one first."""
+    from testbed.fabric import cancel
+    from testbed.fabric.lifecycle import bring_up, plan_of, tear_down
+    from testbed.plan.shaping import SHAPERS
+    from testbed.spec.topology import load_topology
+
+    if shaper not in ("auto", *SHAPERS):
+        _fail(f"--shaper: expected auto, netem or userspace-delay, got {shaper!r}")
+    chosen = _backend(backend, inventory, known_hosts, accept_new, image)
+    spec = _guard(lambda: load_topology(topology))
+    if dry_run:
+        from testbed.cli.render import print_plan
+
+        print_plan(_guard(lambda: plan_of(chosen, spec, shaper, prefix, topology)), out, shaper, chosen.options)
+        return
+    cancel.install()
+    testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,
+                                      on_progress=_progress, backend=chosen))
+    if cancel.requested():  # a stop that landed where it could not interrupt: honour it now
+        tear_down(prefix)
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130)
+    nodes = len(testbed.plan.nodes)
+    out.print(f"[green]up[/green] {spec.name}: {len(spec.dcs)} DCs, {nodes} nodes, shaper {testbed.plan.shaper}")
+    for key, names in testbed.plan.not_applied().items():
+        out.print(f"[yellow]not applied[/yellow] {key}: {', '.join(names)} ({testbed.fabric.not_applied_reason()})")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+           prefix: str = PrefixOption) -> None:
+    """Nodes, addresses, links with their configured parameters and the shaper in use."""
+    from testbed.fabric.lifecycle import attach
+
+    testbed = _guard(lambda: attach(prefix))
+    info = testbed.describe()
+    dead = testbed.fabric.dead_delay_lines()
+    info["dead_delay_lines"] = dead
+    if as_json:
+        print(json.dumps(info, indent=1))
+    else:
+        from testbed.cli.render import status_tables
+
+        out.print(f"[bold]{info['topology']}[/bold] backend {info['backend']}, shaper {info['shaper']}, "
+                  f"{info['summary']}")
+        for table in status_tables(info):
+            out.print(table)
+    _dead(dead)
+
+
+@app.command(name="exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec_(node: str = typer.Argument(..., help="Node name, e.g. east-0"),
+          command: list[str] = typer.Argument(..., help="Command and arguments (after --)."),
+          prefix: str = PrefixOption) -> None:
+    """Run a command inside a node: testbed exec east-0 -- ping 198.18.1.2"""
+    from testbed.fabric.lifecycle import attach
+
+    testbed = _guard(lambda: attach(prefix))
+    try:
+        code = _guard(lambda: testbed.fabric.exec(node, command))
+    except OSError as error:  # the command could not be started in the node
+        _fail(f"{node}: {command[0]}: {error.strerror or error}", 127)
+    raise typer.Exit(code)
+
+
+@app.command()
+def shape(a: str = typer.Argument(..., help="DC at one end"), b: str = typer.Argument(..., help="DC at the other"),
+          latency: Optional[str] = typer.Option(None, help="One-way latency, e.g. 20ms"),
+          distance: Optional[str] = typer.Option(None, help="Fibre distance, e.g. 1000km (sets latency)"),
+          bandwidth: Optional[str] = typer.Option(None, help="e.g. 500mbit"),
+          jitter: Optional[str] = typer.Option(None, help="e.g. 1ms"),
+          loss: Optional[str] = typer.Option(None, help="e.g. 0.1%"),
+          one_way: bool = typer.Option(False, "--one-way", help="Change only the a->b direction."),
+          prefix: str = PrefixOption) -> None:
+    """Change a live link with `tc change` (and the delay line's config): testbed shape east west --latency 20ms"""
+    from testbed.fabric.lifecycle import attach
+    from testbed.plan.network import direction_key
+    from testbed.spec import units
+
+    testbed = _guard(lambda: attach(prefix))
+
+    def parse(name: str, value: str | None, parser: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parser(value)
+        except ValueError as error:
+            _fail(f"--{name}: {error}")
+
+    changes = {"latency": parse("latency", latency, units.parse_duration),
+               "bandwidth": parse("bandwidth", bandwidth, units.parse_rate),
+               "jitter": parse("jitter", jitter, units.parse_duration),
+               "loss": parse("loss", loss, units.parse_fraction)}
+    if distance is not None:
+        if latency is not None:
+            _fail("--distance: give --latency or --distance, not both")
+        changes["latency"] = units.fibre_delay(parse("distance", distance, units.parse_distance))
+    changes = {key: value for key, value in changes.items() if value is not None}
+    if not changes:
+        _fail("nothing to change: give --latency, --distance, --bandwidth, --jitter or --loss")
+    keys = [direction_key(a, b)] + ([] if one_way else [direction_key(b, a)])
+    known = {end.key for end in testbed.plan.link_ends if end.kind == "inter-dc"}
+    for key in keys:
+        if key not in known:
+            _fail(f"no direct link {key} (links: {', '.join(sorted(known))})")
+    for key in keys:
+        params = _guard(lambda key=key: testbed.change(key, **changes))
+        out.print(f"[green]shaped[/green] {key}: " + ", ".join(f"{k} {v}" for k, v in params.describe().items()))
+
+
+@app.command()
+def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topology up, probe, tear down. "
+                                                                "Without it: probe the running testbed."),
+          as_json: bool = typer.Option(False, "--json"),
+          pings: int = typer.Option(200, help="Pings per DC pair (>= 100 for a meaningful p99)."),
+          seconds: float = typer.Option(3.0, help="Seconds of TCP flow per direction."),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="Write probe.json and probe.md here."),
+          shaper: str = typer.Option("auto", help="With TOPOLOGY: auto | netem | userspace-delay"),
+          backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+          known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+          image: Optional[str] = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
+    """Measure RTT (p50/p99) and TCP goodput for every DC pair against what is configured."""
+    from testbed.cli.render import probe_table
+    from testbed.collect.probe import write_probe_report
+    from testbed.fabric import cancel
+    from testbed.fabric.lifecycle import attach, bring_up, tear_down
+    from testbed.runner.probe import as_records, probe_all
+    from testbed.spec.topology import load_topology
+
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
+    cancel.install()
+    own = topology is not None
+    try:
+        if own:
+            spec = _guard(lambda: load_topology(topology))
+            testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,
+                                              on_progress=_progress, backend=chosen_backend))
+        else:
+            testbed = _guard(lambda: attach(prefix))
+        _dead(testbed.fabric.dead_delay_lines())
+        results = _guard(lambda: probe_all(testbed.fabric, testbed.plan, testbed.topology, pings=pings,
+                                           seconds=seconds, applied=testbed.fabric.delay_applied,
+                                           on_pair=lambda a, b: err.print(f"[dim]probing {a} -> {b}[/dim]")))
+        dead = testbed.fabric.dead_delay_lines()
+        info = testbed.describe()
+    finally:
+        if own:
+            tear_down(prefix)
+    records = as_records(results)
+    if out_dir is not None:
+        path = write_probe_report(out_dir, info, records)
+        err.print(f"report: {path}")
+    if as_json:
+        print(json.dumps({"testbed": info, "pairs": records}, indent=1))
+    else:
+        out.print(probe_table(records, info))
+    _dead(dead, "died during the probe")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(ctx: typer.Context,
+        experiment: Optional[Path] = typer.Argument(None, help="Experiment YAML file."),
+        out_dir: Path = typer.Option(Path("results"), "--out", help="Results root."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
+        only: Optional[str] = typer.Option(None, "--only", help="Run only cells whose id matches (glob or substring)."),
+        topology: Optional[Path] = typer.Option(None, "--topology",
+                                                help="Bring your own workload: run the command after -- on every rank."),
+        ranks_per_node: int = typer.Option(1, "--ranks-per-node"),
+        timeout: float = typer.Option(3600, "--timeout", help="With --topology: seconds before the run is stopped."),
+        shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+        backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+        known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+        check_: bool = typer.Option(False, "--check", help="Then check the thresholds (as `testbed check`): "
+                                                            "exit 1 when one is missed."),
+        image: Optional[str] = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
+    """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report.
+    Exit 1 when a cell failed (or, with --check, a threshold was missed)."""
+    from testbed.collect.report import build_report
+    from testbed.fabric import cancel
+    from testbed.runner.experiment import run_command, run_experiment
+    from testbed.runner.progress import RunProgress
+
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
+    cancel.install()
+    progress = RunProgress(err)
+    try:
+        if topology is not None:
+            command = ([str(experiment)] if experiment else []) + list(ctx.args)
+            if not command:
+                _fail("--topology needs a command after --, e.g. testbed run --topology T -- python train.py")
+            run_dir = _guard(lambda: run_command(topology, command, out_dir, prefix=prefix, shaper=shaper,
+                                                 ranks_per_node=ranks_per_node, timeout=timeout, progress=progress,
+                                                 backend=chosen_backend))
+        else:
+            if experiment is None:
+                _fail("give an experiment file, or --topology T -- COMMAND")
+            run_dir = _guard(lambda: run_experiment(experiment, out_dir, prefix=prefix, shaper=shaper, resume=resume,
+                                                    only=only, progress=progress, backend=chosen_backend))
+    finally:
+        progress.stop()
+    build_report(run_dir)
+    report = run_dir / "report.html"
+    out.print(f"[green]done[/green]: {run_dir}" + (f"\nreport: {report}" if report.exists() else ""))
+    passed = _gate(run_dir, rebuild=False) if check_ else _cells_passed(run_dir)
+    if not passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def compose(topology: Path = typer.Argument(..., help="Topology YAML file."),
+            experiment: Optional[Path] = typer.Argument(None, help="Experiment the controller runs (its topology "
+                                                                   "must be TOPOLOGY); without it, a probe."),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Compose file to write (else stdout)."),
+            shaper: str = typer.Option("auto", help="auto | netem | userspace-delay (auto: each router decides "
+                                                    "on the docker host's kernel)"),
+            prefix: str = PrefixOption) -> None:
+    """Write a docker compose file for a topology (and an experiment): the same testbed on a laptop."""
+    from testbed.plan.compose import compose_document, render
+    from testbed.plan.containers import build_containers_plan
+    from testbed.spec.experiment import load_experiment
+    from testbed.spec.topology import load_topology
+
+    spec = _guard(lambda: load_topology(topology))
+    topology_of_experiment = None
+    if experiment is not None:
+        parsed, used = _guard(lambda: load_experiment(experiment))
+        if used.model_dump() != spec.model_dump():
+            _fail(f"{experiment}: topology: the experiment runs {used.name!r}, not {topology} ({spec.name!r})")
+        if not isinstance(parsed.topology, dict):
+            topology_of_experiment = experiment.parent / parsed.topology
+    try:
+        plan = build_containers_plan(spec, shaper, prefix)
+    except ValueError as error:
+        _fail(f"{topology}: {error}")
+    target = output or Path("compose") / "stdout.yml"
+    document = compose_document(plan, target, topology, experiment, topology_of_experiment)
+    words = ["testbed", "compose", str(topology)] + ([str(experiment)] if experiment else [])
+    text = render(document, " ".join(words + (["-o", str(output)] if output else [])))
+    if output is None:
+        print(text, end="")
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    err.print(f"wrote {output}: {len(document['services'])} services, {len(document['networks'])} networks")
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run directory (results/<experiment>/<run>).")) -> None:
+    """Rebuild the tables, plots and report of a run directory."""
+    from testbed.collect.report import build_report
+
+    if not (run_dir / "manifest.json").exists():
+        _fail(f"{run_dir}: not a run directory (no manifest.json)")
+    out.print(f"report: {build_report(run_dir)}")
+
+
+@app.command()
+def compare(first: Path = typer.Argument(...), second: Path = typer.Argument(...)) -> None:
+    """Put two runs side by side (throughput and efficiency per strategy and sweep point)."""
+    from testbed.collect.compare import compare_runs
+
+    for path in (first, second):
+        if not (path / "manifest.json").exists():
+            _fail(f"{path}: not a run directory (no manifest.json)")
+    frame = compare_runs(first, second)
+    print(frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "nothing in common to compare")
+
+
+def _cells_passed(run_dir: Path) -> bool:
+    """Say which cells failed, if any (stderr); True when none did."""
+    from testbed.collect.frames import load_results
+
+    results = load_results(run_dir)
+    failed = [r for r in results if r["status"] != "ok"]
+    for result in failed:
+        err.print(f"[red]FAIL:[/red] cell {escape(result['cell']['id'])}: {escape(result['reason'])}", highlight=False,
+                  soft_wrap=True)
+    if failed:
+        err.print(f"[red]{len(failed)} of {len(results)} cells failed[/red]")
+    return not failed
+
+
+def _gate(run_dir: Path, junit: Optional[Path] = None, against: Optional[Path] = None,
+          tolerance: float = 0.05, rebuild: bool = True) -> bool:
+    """Print every threshold's verdict (and regressions against `against`), write JUnit; True when every
+    cell completed, every threshold held and nothing regressed. `rebuild`: the report first (a run has
+    just written it)."""
+    from testbed.collect.frames import load_points, load_results
+    from testbed.collect.gates import check_line, regression_line, regressions, write_junit
+    from testbed.collect.report import build_report
+
+    if rebuild:
+        build_report(run_dir)
+    cells_ok = _cells_passed(run_dir)
+    checks = json.loads((run_dir / "thresholds.json").read_text())
+    for item in checks:
+        out.print(check_line(item), highlight=False, soft_wrap=True, markup=False)
+    if not checks:
+        out.print("no thresholds in this experiment")
+    regressed = None
+    if against is not None:
+        regressed = regressions(load_points(run_dir), load_points(against), tolerance)
+        out.print(f"against {against} (tolerance {tolerance:.0%}):", highlight=False, markup=False)
+        for item in regressed:
+            out.print(regression_line(item), highlight=False, soft_wrap=True, markup=False)
+    if junit is not None:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        write_junit(junit, manifest["experiment"], load_results(run_dir), checks, regressed,
+                    str(against) if against is not None else None)
+        err.print(f"junit: {junit}")
+    return cells_ok and all(item["passed"] for item in checks + (regressed or []))
+
+
+@app.command()
+def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<experiment>/<run>)."),
+          junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML here."),
+          against: Optional[Path] = typer.Option(None, "--against", help="An earlier run of the same experiment: "
+                                                 "fail when a figure regressed against it."),
+          tolerance: str = typer.Option("5%", "--tolerance", help="With --against: how much worse a figure may be.")
+          ) -> None:
+    """Exit 1 when a cell failed, a threshold of the experiment is missed or (with --against) a figure
+    regressed: tokens/s fell, or inter-DC bytes per step rose, by more than the tolerance (nightly CI)."""
+    from testbed.spec import units
+
+    for path in (run_dir, against):
+        if path is not None and not (path / "manifest.json").exists():
+            _fail(f"{path}: not a run directory (no manifest.json)")
+    try:
+        fraction = units.parse_fraction(tolerance)
+    except ValueError as error:
+        _fail(f"--tolerance: {error}")
+    if against is not None:
+        names = [json.loads((p / "manifest.json").read_text())["experiment"] for p in (run_dir, against)]
+        if names[0] != names[1]:
+            _fail(f"--against: {against} is a run of {names[1]!r}, not of {names[0]!r}")
+    if not _gate(run_dir, junit, against, fraction):
+        raise typer.Exit(1)
+
+
+@app.command()
+def calibrate(target: Path = typer.Argument(..., help="A topology, or an experiment (its topology; its model is "
+                                                      "profiled when it runs real compute)."),
+              output: Path = typer.Option(Path("calibration.json"), "-o", "--output", help="Calibration file to write."),
+              shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+              backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+              known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+              image: str = ImageOption, prefix: str = PrefixOption) -> None:
+    """Measure the cost model's calibration on this machine's emulated links: collective micro-benchmarks per DC
+    pair (and the model's compute), fitted; `plan` and `whatif` accept the file."""
+    from testbed.fabric import cancel
+    from testbed.runner.calibrate import calibrate_file
+
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image)
+    cancel.install()
+    calibration = _guard(lambda: calibrate_file(target, output, prefix=prefix, shaper=shaper, backend=chosen_backend))
+    fit = calibration.fit
+    out.print(f"[green]calibrated[/green]: {output} ({fit.get('samples')} measurements, median error "
+              f"{fit.get('median_abs_error', 0):.1%}, p90 {fit.get('p90_abs_error', 0):.1%})")
+
+
+@app.command(name="plan")
+def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+          calibration: Optional[Path] = typer.Option(None, "--calibration", help="A file from `testbed calibrate` "
+                                                     "(or a run's calibration.json)."),
+          as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+          search: bool = typer.Option(False, "--search", help="Explore strategy options; recommend one per point.")
+          ) -> None:
+    """Predict every cell of an experiment without building anything (no root) and name the fastest strategy
+    at each sweep point."""
+    from testbed.model.calibration import CalibrationError
+    from testbed.model.commands import plan_experiment
+    from testbed.model.predict import NoComputeProfile
+    from testbed.spec.errors import SpecError
+
+    try:  # not _guard: its SSH error type would import paramiko, and plan must start fast
+        result = plan_experiment(experiment, calibration, with_search=search)
+    except (SpecError, CalibrationError) as error:
+        _fail(str(error))
+    except NoComputeProfile as error:
+        _fail(f"{experiment}: {error}")
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+        return
+    from testbed.cli.render import print_prediction
+
+    print_prediction(result, out)
+
+
+@app.command()
+def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenarios/)."),
+           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the table, plot and report go "
+                                                  "(default results/whatif/<name>).")) -> None:
+    """Predicted scaling efficiency per strategy against distance and inter-DC bandwidth, at real scale."""
+    from testbed.model.commands import whatif_scenario
+    from testbed.spec.errors import SpecError
+
+    try:
+        result = whatif_scenario(scenario, out_dir)
+    except SpecError as error:
+        _fail(str(error))
+    from testbed.cli.render import whatif_table
+
+    out.print(whatif_table(result))
+    out.print(f"table: {result['files']['table']}\nplot: {result['files']['plot']}\nreport: {result['files']['report']}")
+
+
+hosts_app = typer.Typer(help="Real hosts over SSH (inventory files).", no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
+
+
+@hosts_app.command("check")
+def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Inventory YAML file."),
+                known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+                as_json: bool = typer.Option(False, "--json")) -> None:
+    """Connect to every host and show what it has (python, torch, tc, netem, clock offset) and lacks."""
+    from dataclasses import asdict
+
+    from testbed.cli.render import hosts_table
+    from testbed.fabric.ssh.checks import check_inventory
+    from testbed.spec.inventory import load_inventory
+
+    spec = _guard(lambda: load_inventory(inventory))
+    rows = check_inventory(spec, inventory.parent, known_hosts.expanduser(), accept_new)
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        out.print(hosts_table(rows, f"hosts of {inventory}"))
+    unreachable = [r for r in rows if not r.reachable]
+    for r in unreachable:
+        err.print(f"[red]error:[/red] {r.problems}", highlight=False, soft_wrap=True)
+    if unreachable:
+        raise typer.Exit(2)
+    if any(r.problems for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+def down(prefix: str = PrefixOption) -> None:
+    """Tear the testbed down (namespaces, interfaces, delay lines, state)."""
+    from testbed.fabric.lifecycle import tear_down
+
+    removed = _guard(lambda: tear_down(prefix))
+    out.print(f"[green]down[/green]: removed {len(removed)} objects")
+
+
+@app.command()
+def clean(prefix: str = PrefixOption,
+          images: bool = typer.Option(False, "--images", help="Also remove docker images labelled testbed "
+                                                              "(compose/Dockerfile builds, the offline base).")
+          ) -> None:
+    """Remove every object with the prefix, even without a state file (after a crash or SIGKILL)."""
+    from testbed.fabric.lifecycle import tear_down
+
+    removed = _guard(lambda: tear_down(prefix))
+    if images:
+        from testbed.fabric.docker.engine import remove_images
+
+        removed += _guard(remove_images)
+    out.print(f"[green]clean[/green]: removed {len(removed)} objects"
+              + (f" ({', '.join(removed[:6])}{' ...' if len(removed) > 6 else ''})" if removed else ""))

@@ -1,0 +1,177 @@
+"""The tables the `testbed` command prints (rich): plans for --dry-run, status, host checks, probe results,
+the cost model's predictions (plan) and what-if answers.
+
+Which plan table is printed follows the plan's type (a network, a containers or a hosts plan), never the name
+of the backend that made it."""
+
+from __future__ import annotations
+
+import shlex
+from functools import singledispatch
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from testbed.plan.containers import ContainersPlan
+from testbed.plan.hosts import HostsPlan
+from testbed.plan.network import NetworkPlan
+from testbed.spec import units
+
+AUTO_NOTE = "(shaper auto resolves to netem where every kernel has it; shown: userspace-delay)"
+
+
+@singledispatch
+def print_plan(plan: Any, out: Console, requested_shaper: str, options: Any) -> None:
+    """Print what `up` would build; `requested_shaper` is what the user asked for (maybe auto)."""
+    raise TypeError(f"no table for a {type(plan).__name__}")
+
+
+@print_plan.register
+def _(plan: NetworkPlan, out: Console, requested_shaper: str, options: Any) -> None:
+    out.print(f"[bold]plan[/bold] {plan.topology}: shaper {plan.shaper}, prefix {plan.prefix!r}")
+    table = Table("namespace", "role", "dc", title="namespaces")
+    for space in plan.namespaces:
+        table.add_row(space.name, space.role + (" (ip_forward)" if space.forwarding else ""), space.dc)
+    out.print(table)
+    table = Table("end a", "end b", title="veth pairs")
+    for pair in plan.veths:
+        table.add_row(*[f"{i.ns}/{i.ifname}" + (f" {i.address}" if i.address else "") +
+                        (f" master {i.master}" if i.master else "") for i in (pair.a, pair.b)])
+    out.print(table)
+    table = Table("namespace", "destination", "via", title="routes")
+    for route in plan.routes:
+        table.add_row(route.ns, route.dst, route.gateway)
+    out.print(table)
+    table = Table("link end", "egress", "tc", "userspace delay line", "not applied", title="shaping")
+    for end in plan.link_ends:
+        line = end.shaping.delay_line
+        table.add_row(end.key, f"{end.ns}/{end.ifname}", "\n".join(o.describe() for o in end.shaping.tc) or "-",
+                      f"{units.format_duration(line.latency)} ±{units.format_duration(line.jitter)} "
+                      f"loss {units.format_fraction(line.loss)}" if line else "-",
+                      ", ".join(end.shaping.not_applied) or "-")
+    out.print(table)
+    if requested_shaper == "auto":
+        out.print(AUTO_NOTE)
+
+
+@print_plan.register
+def _(plan: HostsPlan, out: Console, requested_shaper: str, options: Any) -> None:
+    out.print(f"[bold]plan[/bold] {plan.network.topology} on hosts of {plan.inventory_file}: shaper "
+              f"{plan.network.shaper}, prefix {plan.network.prefix!r}")
+    table = Table("node", "host", "address", "interface", "workdir", "commands (run over SSH)", "delay line",
+                  title="hosts")
+    for item in plan.hosts:
+        lines = [f"{d.key} from {','.join(d.sources)}: {units.format_duration(d.latency)} "
+                 f"±{units.format_duration(d.jitter)} loss {units.format_fraction(d.loss)}" for d in item.delay_line]
+        table.add_row(item.node.name, item.host.name, item.host.address, item.host.interface, item.workdir,
+                      "\n".join(("sudo -n " if item.host.sudo else "") + shlex.join(c) for c in item.apply),
+                      "\n".join(lines) or "-")
+    out.print(table)
+    out.print("intra-DC traffic is the hosts' own network (unshaped); a link's bandwidth applies per sending host")
+    if requested_shaper == "auto":
+        out.print(AUTO_NOTE)
+
+
+@print_plan.register
+def _(plan: ContainersPlan, out: Console, requested_shaper: str, options: Any) -> None:
+    out.print(f"[bold]plan[/bold] {plan.topology} as containers of {options.image}: shaper {plan.shaper} "
+              f"(auto: each router decides on the docker host's kernel), label testbed={plan.prefix}")
+    table = Table("network", "role", "subnet", "gateway (claimed by the DC router)", title="docker networks")
+    for net in plan.networks:
+        table.add_row(net.name, net.role, net.subnet, net.gateway if net.role == "lan" else "-")
+    out.print(table)
+    table = Table("container", "role", "addresses", "capabilities", "routes", "shapes (egress) / delays (ingress)",
+                  title="containers")
+    for spec in plan.containers:
+        config = spec.router
+        addresses = "\n".join(f"{a.network} {a.address}" for a in spec.attachments)
+        routes = "\n".join(f"{r.dst} via {r.via}" for r in config.routes) if config else ""
+        ends = ([f"{e.key} on {e.ifname}" for e in config.egress] +
+                [f"{e.key} from {e.ifname}" for e in config.ingress]) if config else []
+        table.add_row(plan.container_name(spec), spec.role, addresses, ", ".join(spec.cap_add) or "none",
+                      routes or "default via .1", "\n".join(ends) or "-")
+    out.print(table)
+    out.print("intra-DC access links are not shaped in containers (nodes have no capabilities)")
+
+
+def status_tables(info: dict[str, Any]) -> list[Table]:
+    """The nodes and links of `testbed status` (from Testbed.describe())."""
+    nodes = Table("node", "dc", "namespace", "address", title="nodes")
+    for node in info["nodes"]:
+        nodes.add_row(node["name"], node["dc"], node["namespace"], node["address"])
+    links = Table("link", "latency", "bandwidth", "jitter", "loss", "queue", "mechanism", title="links")
+    for link in info["links"]:
+        links.add_row(link["key"], link["latency"], link["bandwidth"], link["jitter"], link["loss"],
+                      str(link["queue"]), link["mechanism"])
+    return [nodes, links]
+
+
+def hosts_table(rows: list, title: str) -> Table:
+    """What each host has and lacks (testbed.fabric.ssh.checks.HostCheck rows)."""
+    table = Table("dc", "host", "address", "python", "torch", "tc", "netem", "clock offset", "problems", title=title)
+    for r in rows:
+        offset = "-" if r.clock_offset_ms is None else f"{r.clock_offset_ms:+.1f} ms"
+        table.add_row(r.dc, r.host, r.address, r.python or "-", r.torch or "-", r.tc or "-", r.netem or "-", offset,
+                      r.problems if r.reachable else "unreachable")
+    return table
+
+
+def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def probe_table(records: list[dict], info: dict) -> Table:
+    """Every DC pair's RTT and goodput against what is configured (testbed.runner.probe records)."""
+    table = Table("pair", "RTT configured", "RTT applied", "p50", "p99", "p50 error", "loss cfg/meas",
+                  "rate", "goodput expected", "goodput", "error", "not applied",
+                  title=f"probe: {info['topology']} (shaper {info['shaper']})")
+    for r in records:
+        table.add_row(
+            f"{r['src']} -> {r['dst']}", _fmt(r["rtt_configured_ms"], ".3f", " ms"),
+            _fmt(r["rtt_applied_ms"], ".3f", " ms"), _fmt(r["rtt_p50_ms"], ".3f", " ms"),
+            _fmt(r["rtt_p99_ms"], ".3f", " ms"), _fmt(r["rtt_p50_error_ms"], "+.3f", " ms"),
+            f"{r['loss_configured'] * 100:.2f}% / {_fmt(r['ping_loss'] and r['ping_loss'] * 100, '.2f', '%')}",
+            _fmt(r["rate_configured_mbps"], ".0f", " Mbit/s"), _fmt(r["goodput_expected_mbps"], ".1f", " Mbit/s"),
+            _fmt(r["goodput_mbps"], ".1f", " Mbit/s"),
+            _fmt(r["goodput_error"] and r["goodput_error"] * 100, "+.1f", "%"), r["not_applied"] or "-")
+    return table
+
+
+def print_prediction(result: dict[str, Any], out: Console) -> None:
+    """`testbed plan`: every cell's prediction, the fastest strategy per sweep point, and what --search found."""
+    from rich.markup import escape
+
+    out.print(f"[bold]plan[/bold] {result['experiment']}: calibration {result['calibration']}")
+    table = Table("cell", "step s", "tokens/s", "exposed s", "inter-DC MB/step", "where the time goes", title="predicted")
+    for cell in result["cells"]:
+        table.add_row(escape(cell["cell"]), f"{cell['step_s_predicted']:.3f}", f"{cell['tokens_per_s_predicted']:,.0f}",
+                      f"{cell['exposed_s_predicted']:.3f}", f"{cell['inter_dc_bytes_predicted'] / 1e6:.2f}",
+                      escape(cell["explain"]))
+    out.print(table)
+    for point, strategy in result["best"].items():
+        out.print(f"best at {escape(point or 'every cell')}: [bold]{escape(strategy)}[/bold]", highlight=False)
+    for point, found in result.get("search", {}).items():
+        best = found["recommended"]
+        options = ", ".join(f"{k}={v}" for k, v in best["options"].items()) or "its defaults"
+        out.print(f"recommended at {escape(point or 'every cell')} ({found['candidates']} configurations): "
+                  f"[bold]{best['strategy']}[/bold] with {escape(options)}: {best['tokens_per_s_predicted']:,.0f} "
+                  "tokens/s predicted", highlight=False)
+
+
+def whatif_table(result: dict[str, Any]) -> Table:
+    """`testbed whatif`: each strategy at the scenario's reference point, and what it takes to reach the target."""
+    import pandas as pd
+
+    def fmt(value: Any, cap: float | None = None) -> str:
+        if pd.isna(value):
+            return "never"
+        return f">= {cap:,.0f}" if cap is not None and value >= cap else f"{value:,.0f}"
+
+    scenario = result["scenario"]
+    table = Table("strategy", "efficiency", "step s", "bandwidth for target (Gbit/s)", "distance for target (km)",
+                  title=f"{scenario.name} at the reference point (target {scenario.target_efficiency:.0%})")
+    for row in pd.read_csv(result["files"]["answers"]).to_dict("records"):
+        table.add_row(row["strategy"], f"{row['efficiency']:.1%}", f"{row['step_s']:.2f}",
+                      fmt(row["bandwidth_for_target_gbit"]), fmt(row["distance_for_target_km"], 20_000))
+    return table

@@ -1,0 +1,36 @@
+"""Files of probe results: probe.json (everything) and probe.md (the table, pandas markdown)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.atomic import write_text
+
+
+def probe_frame(records: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame(records)
+    if frame.empty:
+        return frame
+    frame["goodput_error_pct"] = frame["goodput_error"] * 100
+    return frame
+
+
+def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path:
+    """probe.json (everything) and probe.md (the table), written atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"testbed": info, "pairs": records}, indent=1)
+    write_text(directory / "probe.json", payload)
+    frame = probe_frame(records)
+    columns = ["src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_p50_ms", "rtt_p99_ms", "rtt_p50_error_ms",
+               "loss_configured", "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps",
+               "goodput_error_pct", "not_applied"]
+    lines = [f"# Link probe: {info['topology']}", "",
+             f"- shaper: {info['shaper']} (backend {info['backend']})",
+             "- goodput expected = configured rate x 1448/1514 (TCP payload per 1514-byte frame at MTU 1500)",
+             "- RTT applied = latency of the link ends on the round trip that a running mechanism delays", "",
+             frame[columns].to_markdown(index=False, floatfmt=".3f") if not frame.empty else "(no pairs)", ""]
+    write_text(directory / "probe.md", "\n".join(lines))
+    return directory / "probe.md"

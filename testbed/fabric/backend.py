@@ -1,0 +1,73 @@
+"""What every backend package exports: one class naming the backend, its command-line options (a model), how it
+plans a topology, makes a fabric and cleans up after itself (Kathará's IManager: one abstract interface, one
+package per backend). testbed.fabric.lifecycle brings a testbed up, re-attaches and tears down once, against
+this; testbed.fabric.registry turns a name into the class."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from testbed.fabric.base import Fabric
+from testbed.fabric.state import BackendState, FabricState
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology
+
+Progress = Callable[[str], None]
+
+
+class BackendOptions(BaseModel):
+    """A backend's command-line options (`--image`, `--inventory` ...), validated; this one has none. An option
+    that a backend does not take is refused (extra keys are an error)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Backend(ABC):
+    """One way to build a testbed: namespaces here, containers, real hosts."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for --help
+    Options: ClassVar[type[BackendOptions]] = BackendOptions
+    State: ClassVar[type[BackendState]] = BackendState  # its record in the state file
+
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def from_state(cls, saved: FabricState) -> Backend:
+        """The backend as it was when it brought up the testbed `saved` records."""
+        return cls()
+
+    @abstractmethod
+    def plan(self, topology: Topology, shaper: str, prefix: str,
+             overrides: dict[str, LinkParams] | None = None) -> Any:
+        """Pure: what `up` builds (what `up --dry-run` prints). `shaper` may be "auto": each backend says what
+        it shows for it. Fails (SpecError, ValueError) before anything is probed or created."""
+
+    def resolve_shaper(self, requested: str, topology: Topology, on_progress: Progress | None = None) -> str:
+        """The shaper `requested` stands for here ("auto": netem where every kernel has it); an explicit one
+        is checked. It may probe a kernel or the hosts."""
+        return requested
+
+    def stale(self, prefix: str, saved: FabricState | None) -> bool:
+        """Whether an earlier testbed with this prefix must be torn down before this one comes up."""
+        return saved is not None
+
+    def new_state(self) -> BackendState:
+        """This backend's record for the state file of a testbed it is about to bring up."""
+        return self.State()
+
+    @abstractmethod
+    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> Fabric:
+        """The fabric that will bring a plan up (or attach to one that is up)."""
+
+    @classmethod
+    @abstractmethod
+    def clean(cls, prefix: str, saved: FabricState | None) -> list[str]:
+        """Remove everything of this backend carrying `prefix`, with or without a state file (after a crash or
+        SIGKILL); `saved` is the state file when this backend brought the testbed up. What was removed, in words.
+        Every registered backend is asked (Mininet's cleanup callbacks)."""

@@ -1,0 +1,125 @@
+"""A process started in a container with the docker API's exec, that looks like subprocess.Popen to the
+runner and the probe (poll, wait, communicate, kill; stdout/stderr to a file, PIPE, DEVNULL or ours).
+
+The exec runs the one bootstrap (testbed.agents.bootstrap, as `python -c`): it makes the command the leader of a
+new session, prints its pid on the first line and execs it, so `kill` can signal the whole group with another
+exec (portable: no host pid, which Docker Desktop's VM would hide). Output arrives on one stream per exec,
+demultiplexed by a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import IO, Any
+
+from testbed.agents import bootstrap
+from testbed.fabric.process import PopenLike
+
+KILL_GROUP = r"""
+import os, signal, sys
+pid, sig = int(sys.argv[1]), getattr(signal, "SIG" + sys.argv[2])
+try:
+    os.killpg(pid, sig)
+except ProcessLookupError:
+    pass
+except OSError:
+    os.kill(pid, sig)
+"""
+
+
+class ExecError(RuntimeError):
+    pass
+
+
+def _sink(target: Any, err: bool, owned: list[IO[bytes]]) -> tuple[IO[bytes] | None, IO | None]:
+    """(where the pump writes, what the caller reads) for one of Popen's stdout/stderr arguments; pipes the
+    pump must close at the end (so readers see EOF) go to `owned`."""
+    if target == subprocess.PIPE:
+        read, write = os.pipe()
+        owned.append(os.fdopen(write, "wb", buffering=0))
+        return owned[-1], os.fdopen(read, "rb")
+    if target == subprocess.DEVNULL:
+        return None, None
+    if target is None:
+        return (sys.stderr if err else sys.stdout).buffer, None
+    return target, None
+
+
+class DockerProcess(PopenLike):
+    """argv running inside `container` (a docker SDK Container); see the module docstring."""
+
+    def __init__(self, api: Any, container: str, argv: list[str], *, env: dict[str, str], cwd: str | None = None,
+                 mkdirs: tuple[str, ...] = (), stdout: Any = None, stderr: Any = None, text: bool = False) -> None:
+        self.api, self.container, self.argv = api, container, argv
+        self.returncode: int | None = None
+        spec = {"argv": list(argv), "cwd": cwd, "mkdirs": [*mkdirs, *((cwd,) if cwd else ())], "session": True,
+                "pid": True}
+        self.exec_id = api.exec_create(container, ["python", "-c", bootstrap.source(), json.dumps(spec)],
+                                       environment=env)["Id"]
+        self._stream = api.exec_start(self.exec_id, stream=True, demux=True)
+        first, early_err = b"", b""
+        for out, err in self._stream:
+            early_err += err or b""
+            first += out or b""
+            if b"\n" in first:
+                break
+        line, _, rest = first.partition(b"\n")
+        if not line.startswith(b"pid ") or not line[4:].strip().isdigit():
+            detail = (early_err or first).decode(errors="replace").strip().splitlines()[-1:]
+            raise ExecError(f"{container}: could not start {argv[0]}: {' '.join(detail) or 'no output'}")
+        self.pid = int(line[4:])
+        self._owned: list[IO[bytes]] = []
+        out_sink, self.stdout = _sink(stdout, False, self._owned)
+        if stderr == subprocess.STDOUT:
+            err_sink, self.stderr = out_sink, None
+        else:
+            err_sink, self.stderr = _sink(stderr, True, self._owned)
+        if text:
+            self.stdout = _text(self.stdout)
+            self.stderr = _text(self.stderr)
+        self._pump = threading.Thread(target=self._run_pump, args=(rest, early_err, out_sink, err_sink), daemon=True)
+        self._pump.start()
+
+    def _run_pump(self, rest: bytes, early_err: bytes, out_sink: IO[bytes] | None, err_sink: IO[bytes] | None) -> None:
+        def write(sink: IO[bytes] | None, data: bytes | None) -> None:
+            if sink is not None and data:
+                sink.write(data)
+                sink.flush()
+
+        try:
+            write(out_sink, rest)
+            write(err_sink, early_err)
+            for out, err in self._stream:
+                write(out_sink, out)
+                write(err_sink, err)
+        except Exception:  # the connection dropped: poll() asks the engine for the exit code
+            pass
+        finally:
+            for pipe in self._owned:
+                pipe.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._pump.is_alive():
+            info = self.api.exec_inspect(self.exec_id)
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                code = -9 if code is None else code
+                self.returncode = -(code - 128) if code > 128 else code  # 128+N: ended by signal N
+        return self.returncode
+
+    def send_signal(self, signal_name: str) -> None:
+        """Signal the process's group (the command and its children) from a second exec."""
+        if self.poll() is not None:
+            return
+        exec_id = self.api.exec_create(self.container, ["python", "-c", KILL_GROUP, str(self.pid), signal_name])["Id"]
+        self.api.exec_start(exec_id)
+
+
+def _text(stream: IO[bytes] | None) -> IO[str] | None:
+    import io
+
+    return io.TextIOWrapper(stream, errors="replace") if stream is not None else None

@@ -1,0 +1,157 @@
+"""Bring a testbed up, re-attach to it from its state file, tear it down: written once, for every backend.
+
+Bring-up: plan (pure: a bad topology or inventory fails before anything is probed or created), resolve the
+shaper (which may probe a kernel or hosts), plan with it, tear down a stale testbed of the same prefix, save the
+state (first, so `clean` and a later `up` know about a half-built testbed), bring the plan up, and remove the
+state again if that fails and nothing is left to undo."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from testbed.fabric import registry
+from testbed.fabric import state as state_store
+from testbed.fabric.backend import Backend, BackendOptions, Progress
+from testbed.fabric.base import Fabric
+from testbed.fabric.errors import FabricError
+from testbed.plan.network import LinkEnd, NetworkPlan
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology
+
+
+def backend_options(name: str, given: dict[str, Any] | None = None) -> BackendOptions:
+    """The options of backend `name` from what a user gave (`given`: only what they set). One line naming the
+    option when one does not belong to the backend or a value is wrong."""
+    from pydantic import ValidationError
+
+    backend = registry.get(name)
+    try:
+        return backend.Options(**(given or {}))
+    except ValidationError as error:
+        first = error.errors()[0]
+        if first["type"] == "extra_forbidden":
+            option = str(first["loc"][0])
+            owners = [b.name for b in registry.backends() if option in b.Options.model_fields]
+            flag = "--" + option.replace("_", "-")
+            raise FabricError(f"{flag} is for --backend {' or '.join(owners) or '(none)'}, not {name}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(part) for part in first["loc"])
+        raise FabricError(f"--{where.replace('_', '-')}: {message}" if where else message) from None
+
+
+def make_backend(name: str, **given: Any) -> Backend:
+    """Backend `name` with the options given (see backend_options)."""
+    return registry.get(name)(backend_options(name, given))
+
+
+@dataclass
+class Testbed:
+    """A running (or about to run) testbed: what it was built from, its plan and its backend's fabric."""
+
+    topology: Topology
+    plan: NetworkPlan
+    fabric: Fabric
+    state: state_store.FabricState
+
+    def mechanism(self, end: LinkEnd) -> str:
+        """Which mechanism shapes this link end, in words for tables and manifests."""
+        shaping = end.shaping
+        parts = [obj.kind for obj in shaping.tc if obj.what == "qdisc" and obj.kind != "pfifo"]
+        if shaping.delay_line is not None:
+            parts.append("delay-line" if self.fabric.delay_applied(end) else "delay NOT applied")
+        if shaping.not_applied:
+            parts.append(f"{'/'.join(shaping.not_applied)} NOT applied")
+        return "+".join(parts) if parts else "unshaped"
+
+    def describe(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "topology": plan.topology,
+            "topology_file": self.state.topology_file,
+            "backend": self.state.backend,
+            "prefix": plan.prefix,
+            "shaper": plan.shaper,
+            "nodes": [{"name": n.name, "dc": n.dc, "namespace": n.ns, "address": n.address} for n in plan.nodes],
+            "links": [{"key": end.key, "kind": end.kind, "namespace": end.ns, "interface": end.ifname,
+                       **end.shaping.params.describe(), "shaper": plan.shaper, "mechanism": self.mechanism(end)}
+                      for end in plan.link_ends],
+            **self.fabric.status(),
+        }
+
+    def shape(self, key: str, params: LinkParams) -> None:
+        """Change direction `key` live and record it (a later process sees the link as it is now)."""
+        self.fabric.shape(key, params)
+        self.state.set_override(key, params)
+        state_store.save(self.state)
+        assert self.fabric.plan is not None
+        self.plan = self.fabric.plan  # the fabric keeps its plan true to what is applied
+
+    def change(self, key: str, **changes: Any) -> LinkParams:
+        """`shape` with some fields of the direction's current parameters replaced; returns the new ones."""
+        params = replace(self.plan.link_end(key).shaping.params, **changes)
+        self.shape(key, params)
+        return params
+
+
+def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
+             on_progress: Progress | None = None, backend: str | Backend = registry.DEFAULT) -> Testbed:
+    """Clean any stale testbed with this prefix, then build `topology`. Nothing is left behind on failure.
+    `backend`: a registered name (with its default options) or a Backend (make_backend)."""
+    chosen = backend if isinstance(backend, Backend) else registry.get(backend)()
+    source = topology_file or topology.name
+    plan_of(chosen, topology, shaper, prefix, source)  # pure: fails before anything is probed or created
+    resolved = chosen.resolve_shaper(shaper, topology, on_progress)
+    plan = plan_of(chosen, topology, resolved, prefix, source)
+    if chosen.stale(prefix, state_store.load(prefix)):
+        if on_progress:
+            on_progress(f"removing a previous testbed ({prefix}*)")
+        tear_down(prefix)
+    state = state_store.FabricState(chosen.name, prefix, resolved, topology.model_dump(mode="json", exclude_unset=False),
+                                    str(topology_file) if topology_file else None, backend_state=chosen.new_state())
+    state_store.save(state)  # first, so `clean` and a later `up` know about a half-built testbed
+    fabric = chosen.make_fabric(prefix, topology, on_progress)
+    try:
+        fabric.up(plan, state)
+    except BaseException:
+        if not state.backend_state.holds_changes():
+            state_store.remove(prefix)
+        raise
+    assert fabric.plan is not None
+    return Testbed(topology, fabric.plan, fabric, state)
+
+
+def plan_of(backend: Backend, topology: Topology, shaper: str, prefix: str, source: str | Path,
+          overrides: dict[str, LinkParams] | None = None) -> Any:
+    try:
+        return backend.plan(topology, shaper, prefix, overrides)
+    except ValueError as error:  # a layout the topology cannot have here (SpecError is not a ValueError)
+        raise FabricError(f"{source}: {error}") from None
+
+
+def attach(prefix: str) -> Testbed:
+    """The testbed that `up` left running, rebuilt from the state file."""
+    saved = state_store.load(prefix)
+    if saved is None:
+        raise FabricError(f"no testbed is up with prefix {prefix!r} (run `testbed up TOPOLOGY` first)")
+    topology = saved.topology_spec()
+    backend = registry.get(saved.backend).from_state(saved)
+    fabric = backend.make_fabric(prefix, topology)
+    fabric.attach(plan_of(backend, topology, saved.shaper, prefix, saved.topology_file or topology.name,
+                        saved.override_params()), saved)
+    assert fabric.plan is not None
+    return Testbed(topology, fabric.plan, fabric, saved)
+
+
+def tear_down(prefix: str) -> list[str]:
+    """Remove everything with this prefix, with or without a state file: every registered backend cleans up
+    after itself, the one that brought the testbed up first (with its record: ssh hosts are restored from it;
+    if one cannot be reached the state file stays for a later `clean`). What was removed, in words."""
+    saved = state_store.load(prefix)
+    owner = registry.get(saved.backend) if saved is not None else None
+    removed: list[str] = []
+    for backend in ([owner] if owner else []) + [b for b in registry.backends() if b is not owner]:
+        removed += backend.clean(prefix, saved if backend is owner else None)
+    state_store.remove(prefix)
+    return removed

@@ -1,0 +1,228 @@
+"""The netns fabric: namespaces, veth pairs, a bridge per DC and a gateway per DC, built with pyroute2 and
+shaped with tc (and the userspace delay line, testbed.agents.delayline, where the kernel has no netem)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+from pyroute2 import NetlinkError, NetNS, netns
+
+from testbed.agents import bootstrap
+from testbed.agents.delayline import control as delay_lines
+from testbed.agents.kernel import KernelLacks, needs
+from testbed.agents.tc import LinkCounters, add_tree, change_tree, interface_counters
+from testbed.fabric import cancel
+from testbed.fabric.base import Fabric
+from testbed.fabric.errors import FabricError
+from testbed.fabric.netns.namespaces import list_namespaces, remove, set_sysctls
+from testbed.fabric.state import FabricState, state_dir
+from testbed.fabric.state import save as save_state
+from testbed.plan.delayline import DelayLineSpec
+from testbed.plan.network import LinkEnd, NetworkPlan
+from testbed.plan.shaping import plan_shaping
+from testbed.spec.link import LinkParams
+from testbed.waiting import alive
+
+NODE_SYSCTLS = {
+    "net/ipv6/conf/all/disable_ipv6": "1",
+    "net/ipv6/conf/default/disable_ipv6": "1",
+    # Long fat links need large TCP windows: 1 Gbit/s x 100 ms is 12.5 MB in flight.
+    "net/ipv4/tcp_rmem": "4096 131072 268435456",
+    "net/ipv4/tcp_wmem": "4096 65536 268435456",
+}
+GATEWAY_SYSCTLS = {"net/ipv4/ip_forward": "1", "net/ipv4/conf/all/rp_filter": "0",
+                   "net/ipv4/conf/default/rp_filter": "0"}
+
+
+class NetnsFabric(Fabric):
+    """Namespaces + veth + bridge per DC + gateway per DC, shaped with tc (and the userspace delay line)."""
+
+    def __init__(self, prefix: str, on_progress: Callable[[str], None] | None = None) -> None:
+        self.prefix = prefix
+        self.plan: NetworkPlan | None = None
+        self.state: FabricState | None = None
+        self._progress = on_progress or (lambda message: None)
+
+    def attach(self, plan: NetworkPlan, state: FabricState) -> None:
+        """Adopt a testbed that an earlier process brought up."""
+        self.plan, self.state = plan, state
+
+    # --- bring-up ---------------------------------------------------------------------------------
+    def up(self, plan: NetworkPlan, state: FabricState | None = None) -> None:
+        """Create everything in `plan`; on any failure or interrupt, remove what was created and raise."""
+        if plan.prefix != self.prefix:
+            raise FabricError(f"plan prefix {plan.prefix!r} differs from fabric prefix {self.prefix!r}")
+        self.plan = plan
+        self.state = state
+        try:
+            self._build(plan)
+            self._start_delay_lines(plan)
+        except BaseException as error:
+            remove(self.prefix)
+            if isinstance(error, NetlinkError):
+                raise FabricError(f"bring-up failed: {os.strerror(error.code)} ({error})") from error
+            if isinstance(error, KernelLacks):
+                raise FabricError(str(error)) from None
+            raise
+
+    def _build(self, plan: NetworkPlan) -> None:
+        with ExitStack() as stack:
+            handles: dict[str, NetNS] = {}
+            self._progress(f"creating {len(plan.namespaces)} namespaces")
+            for space in plan.namespaces:
+                cancel.check()
+                with needs("network namespaces (CONFIG_NET_NS)", f"creating namespace {space.name}"):
+                    netns.create(space.name)
+                handles[space.name] = stack.enter_context(NetNS(space.name))
+                handles[space.name].link("set", index=1, state="up")
+                set_sysctls(space.name, {**NODE_SYSCTLS, **(GATEWAY_SYSCTLS if space.forwarding else {})})
+            for bridge in plan.bridges:
+                with needs("bridge (module bridge)", f"creating bridge {bridge.ns}/{bridge.ifname}"):
+                    handles[bridge.ns].link("add", ifname=bridge.ifname, kind="bridge")
+            self._progress(f"wiring {len(plan.veths)} veth pairs")
+            for pair in plan.veths:
+                cancel.check()
+                with needs("veth (module veth)", f"creating veth {pair.a.ns}/{pair.a.ifname}"):
+                    handles[pair.a.ns].link("add", ifname=pair.a.ifname, kind="veth",
+                                            peer={"ifname": pair.b.ifname, "net_ns_fd": pair.b.ns})
+            indexes: dict[tuple[str, str], int] = {}
+            for iface in [*plan.bridges, *(i for p in plan.veths for i in (p.a, p.b))]:
+                ns = handles[iface.ns]
+                index = ns.link_lookup(ifname=iface.ifname)[0]
+                indexes[(iface.ns, iface.ifname)] = index
+                if iface.master is not None:
+                    ns.link("set", index=index, master=ns.link_lookup(ifname=iface.master)[0])
+                if iface.address is not None:
+                    ns.addr("add", index=index, address=iface.address)  # pyroute2 reads "address/prefixlen"
+                ns.link("set", index=index, state="up")
+            cancel.check()
+            for route in plan.routes:
+                handles[route.ns].route("add", dst=route.dst, gateway=route.gateway)  # dst: CIDR or "default"
+            self._progress(f"shaping {len(plan.link_ends)} link ends ({plan.shaper})")
+            for end in plan.link_ends:
+                cancel.check()
+                add_tree(handles[end.ns], indexes[(end.ns, end.ifname)], end.shaping, where=f"{end.ns}/{end.ifname}")
+
+    def _start_delay_lines(self, plan: NetworkPlan) -> None:
+        by_gateway = plan.delay_lines()
+        if not by_gateway:
+            return
+        self._progress(f"starting {len(by_gateway)} userspace delay lines")
+        cancel.check()
+        try:
+            pids = delay_lines.start_all(by_gateway, state_dir())
+        except RuntimeError as error:
+            raise FabricError(str(error)) from None
+        if self.state is not None:
+            self.state.backend_state.delay_lines = pids
+            save_state(self.state)
+
+    def _delay_line_pids(self) -> dict[str, int]:
+        return self.state.backend_state.delay_lines if self.state is not None else {}
+
+    def _reshape_delay_line(self, key: str, spec: DelayLineSpec) -> None:
+        gateway = self._require_plan().delay_line_of(key)
+        pid = self._delay_line_pids().get(gateway or "")
+        if gateway is None or pid is None or not alive(pid):
+            raise FabricError(f"link {key}: its delay line is not running; run `testbed up` again")
+        try:
+            delay_lines.reconfigure(state_dir(), gateway, key, spec)
+        except RuntimeError as error:
+            raise FabricError(str(error)) from None
+
+    def delay_applied(self, end: LinkEnd) -> bool:
+        """Whether this end's latency/jitter/loss is really applied right now."""
+        plan = self._require_plan()
+        if plan.shaper == "netem":
+            return end.shaping.delay_line is not None or not end.shaping.not_applied
+        if end.shaping.delay_line is None:
+            return not end.shaping.not_applied
+        pid = self._delay_line_pids().get(plan.delay_line_of(end.key) or "")
+        return pid is not None and alive(pid)
+
+    def dead_delay_lines(self) -> list[str]:
+        """Gateways whose delay line is planned but not running (its links would be dark)."""
+        pids = self._delay_line_pids()
+        return sorted(ns for ns in self._require_plan().delay_lines() if not alive(pids.get(ns, -1)))
+
+    def delay_line_stats(self) -> dict[str, dict]:
+        return delay_lines.snapshot(state_dir(), sorted(self._require_plan().delay_lines()))
+
+    # --- teardown ---------------------------------------------------------------------------------
+    def down(self) -> None:
+        remove(self.prefix)
+
+    # --- use --------------------------------------------------------------------------------------
+    def popen(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+        """Start `argv` inside node `node` (a node name such as east-0, or a namespace name)."""
+        return subprocess.Popen(bootstrap.argv_in(self.namespace(node), argv), **kwargs)
+
+    def exec(self, node: str, argv: list[str]) -> int:
+        """Replace this process by argv inside `node` (pyroute2 enters the namespace)."""
+        namespace = self.namespace(node)
+        try:
+            netns.setns(namespace, flags=0)
+            os.execvp(argv[0], argv)
+        except OSError as error:
+            raise FabricError(f"{node}: {argv[0]}: {error.strerror or error}") from None
+        return 127  # not reached
+
+    def namespace(self, node: str) -> str:
+        """The namespace of node `node` (a namespace's own name is accepted as well)."""
+        if self.plan is not None:
+            try:
+                return self.plan.node(node).ns
+            except KeyError:
+                if node not in {space.name for space in self.plan.namespaces}:
+                    raise FabricError(f"no node named {node!r} "
+                                      f"(nodes: {', '.join(n.name for n in self.plan.nodes)})") from None
+        return node
+
+    def shape(self, key: str, params: LinkParams) -> None:
+        """Change one link end live with `tc change` (never delete+add: flows in flight keep their queue)."""
+        plan = self._require_plan()
+        end = plan.link_end(key)
+        new = plan_shaping(params, plan.shaper, delay_line=end.kind == "inter-dc")
+        if new.delay_line is not None:
+            self._reshape_delay_line(key, new.delay_line)
+        try:
+            with NetNS(end.ns) as ns:
+                change_tree(ns, ns.link_lookup(ifname=end.ifname)[0], end.shaping, new)
+        except NetlinkError as error:
+            raise FabricError(f"link {key}: the kernel refused the change: {os.strerror(error.code)}") from None
+        except KernelLacks as error:
+            raise FabricError(str(error)) from None
+        # keep the plan true to the kernel, so a later shape/counters/status sees what is applied
+        self.plan = dataclasses.replace(plan, link_ends=tuple(
+            dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
+
+    def counters(self) -> dict[str, LinkCounters]:
+        """Interface and qdisc counters of every shaped link end, keyed like the plan."""
+        plan = self._require_plan()
+        out: dict[str, LinkCounters] = {}
+        by_ns: dict[str, list[LinkEnd]] = {}
+        for end in plan.link_ends:
+            by_ns.setdefault(end.ns, []).append(end)
+        for name, ends in by_ns.items():
+            with NetNS(name) as ns:
+                for end in ends:
+                    out[end.key] = interface_counters(ns, end.ifname)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        plan = self._require_plan()
+        present = set(list_namespaces(self.prefix))
+        expected = [space.name for space in plan.namespaces]
+        up = sum(name in present for name in expected)
+        return {"backend": "netns", "namespaces_up": up, "namespaces_planned": len(expected),
+                "summary": f"{up}/{len(expected)} namespaces up"}
+
+    def _require_plan(self) -> NetworkPlan:
+        if self.plan is None:
+            raise FabricError("no testbed is up (run `testbed up TOPOLOGY` first)")
+        return self.plan

@@ -1,0 +1,70 @@
+"""Our network namespaces on this machine: list them, run sysctls inside one, remove them with their processes
+(no state needed: everything is found by its prefix)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+from pyroute2 import IPRoute, netns
+
+from testbed.waiting import alive, wait_for
+
+
+def list_namespaces(prefix: str) -> list[str]:
+    return sorted(name for name in netns.listnetns() if name.startswith(prefix))
+
+
+def set_sysctls(ns: str, values: dict[str, str]) -> None:
+    """Write /proc/sys entries as seen from inside `ns` (the net sysctls follow the thread's namespace).
+
+    IPv6 entries are skipped on a kernel without IPv6: they only switch it off inside our namespaces."""
+    netns.pushns(ns)
+    try:
+        for key, value in values.items():
+            if key.startswith("net/ipv6/") and not os.path.isdir("/proc/sys/net/ipv6"):
+                continue
+            with open(f"/proc/sys/{key}", "w") as out:
+                out.write(value)
+    finally:
+        netns.popns()
+
+
+def kill_namespace_processes(names: list[str], timeout: float = 3.0) -> int:
+    """SIGTERM, then SIGKILL, every process living in the namespaces `names`; returns how many there were."""
+    wanted = set(names)
+    pids = [pid for ns, members in netns.ns_pids().items() if ns in wanted for pid in members]
+    if not pids:
+        return 0
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 1.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not any(alive(pid) for pid in pids), wait)
+    return len(pids)
+
+
+def remove(prefix: str) -> list[str]:
+    """Remove every namespace named `prefix*` (and the processes in it); works with no state at all.
+
+    Interfaces live only inside our namespaces (veths are created there directly), so removing the
+    namespaces removes them; a `prefix*` interface found in the host namespace is deleted too.
+    """
+    names = list_namespaces(prefix)
+    kill_namespace_processes(names)
+    for name in names:
+        try:
+            netns.remove(name)
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                raise
+    with IPRoute() as host:
+        for link in host.get_links():
+            ifname = link.get_attr("IFLA_IFNAME") or ""
+            if ifname.startswith(prefix):
+                host.link("del", index=link["index"])
+                names.append(ifname)
+    return names

@@ -1,0 +1,54 @@
+"""What the runner and probe use of subprocess.Popen, for processes that run elsewhere (a container, an SSH host)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from typing import Any
+
+from testbed.waiting import wait_for
+
+
+class PopenLike:
+    """What the runner and probe use of subprocess.Popen, for processes elsewhere (an SSH host, a container).
+
+    Subclasses set `argv`, `returncode`, `stdout`, `stderr` and implement poll() and send_signal(NAME)."""
+
+    argv: list[str]
+    returncode: int | None
+    stdout: Any
+    stderr: Any
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def send_signal(self, signal_name: str) -> None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not wait_for(lambda: self.poll() is not None, timeout):
+            raise subprocess.TimeoutExpired(self.argv, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        """Read both pipes to the end while waiting (a full pipe would otherwise stall the process)."""
+        results: dict[str, Any] = {}
+        readers = [threading.Thread(target=lambda n=name, s=stream: results.__setitem__(n, s.read()), daemon=True)
+                   for name, stream in (("out", self.stdout), ("err", self.stderr)) if stream is not None]
+        for thread in readers:
+            thread.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in readers:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise subprocess.TimeoutExpired(self.argv, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return results.get("out"), results.get("err")
+
+    def kill(self) -> None:
+        self.send_signal("KILL")
+
+    def terminate(self) -> None:
+        self.send_signal("TERM")

@@ -1,0 +1,115 @@
+"""SSH connections to inventory hosts (paramiko).
+
+Security: host keys are verified against a known_hosts file and unknown hosts are rejected unless the
+caller asks to accept new ones (a host whose key *changed* is always rejected); authentication is by key
+only (no agent, no password, no keys found by guessing); remote commands are built with shlex.join from
+argument lists, so inventory values cannot inject shell syntax; nothing secret is logged.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from testbed.fabric.errors import FabricError
+from testbed.spec.inventory import HostSpec
+
+
+class RemoteError(FabricError):
+    """A host that cannot be used; str() is one line naming the host."""
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown hosts, never changed ones."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        client.save_host_keys(str(self.path))
+
+
+class Connection:
+    """An open SSH session to one host."""
+
+    def __init__(self, host: HostSpec, key_file: Path, known_hosts: Path, accept_new: bool = False,
+                 timeout: float = 10.0) -> None:
+        self.host = host
+        label = f"host {host.name} ({host.address})"
+        client = paramiko.SSHClient()
+        if known_hosts.exists():
+            client.load_host_keys(str(known_hosts))
+        client.set_missing_host_key_policy(_AcceptNew(known_hosts) if accept_new else paramiko.RejectPolicy())
+        if not key_file.exists():
+            raise RemoteError(f"{label}: key file {key_file} does not exist")
+        try:
+            client.connect(host.address, port=host.port, username=host.user, key_filename=str(key_file),
+                           look_for_keys=False, allow_agent=False, timeout=timeout, banner_timeout=timeout,
+                           auth_timeout=timeout)
+        except paramiko.BadHostKeyException:
+            raise RemoteError(f"{label}: host key does not match {known_hosts} (changed key: refusing to connect)") \
+                from None
+        except paramiko.SSHException as error:
+            text = str(error)
+            if "not found in known_hosts" in text:
+                raise RemoteError(f"{label}: unknown host key (not in {known_hosts}); add it, or pass --accept-new "
+                                  "to record new hosts") from None
+            if isinstance(error, paramiko.AuthenticationException):
+                raise RemoteError(f"{label}: authentication as {host.user} with key {key_file} failed") from None
+            raise RemoteError(f"{label}: SSH failed: {text}") from None
+        except (TimeoutError, OSError) as error:
+            raise RemoteError(f"{label}: cannot connect to port {host.port}: {getattr(error, 'strerror', None) or error}") \
+                from None
+        self.client = client
+        self._sftp: paramiko.SFTPClient | None = None
+
+    def sftp(self) -> paramiko.SFTPClient:
+        """One SFTP session per connection, opened on first use."""
+        if self._sftp is None:
+            try:
+                self._sftp = self.client.open_sftp()
+            except paramiko.SSHException as error:
+                raise RemoteError(f"host {self.host.name}: SFTP is not available ({error}); sshd needs its "
+                                  "`Subsystem sftp` line") from None
+        return self._sftp
+
+    def run(self, argv: list[str], timeout: float = 60.0, sudo: bool | None = None) -> Result:
+        """Run argv (no shell interpretation of its items); with sudo, as root without a password prompt."""
+        command = shlex.join(argv)
+        if self.host.sudo if sudo is None else sudo:
+            command = "sudo -n " + command
+        _, stdout, stderr = self.client.exec_command(command, timeout=timeout)
+        out = stdout.read().decode(errors="replace")
+        err = stderr.read().decode(errors="replace")
+        return Result(stdout.channel.recv_exit_status(), out, err)
+
+    def check(self, argv: list[str], what: str, timeout: float = 60.0, sudo: bool | None = None) -> str:
+        """run(), raising RemoteError (one line naming the host and `what`) on a non-zero exit."""
+        out = self.run(argv, timeout=timeout, sudo=sudo)
+        if out.code != 0:
+            detail = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or [f"exit code {out.code}"]
+            raise RemoteError(f"host {self.host.name}: {what} failed: {detail[0]}")
+        return out.stdout
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+        self.client.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

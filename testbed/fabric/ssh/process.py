@@ -1,0 +1,119 @@
+"""A process on a remote host that looks like subprocess.Popen to the runner and the probe.
+
+The remote side is the one bootstrap (testbed.agents.bootstrap as `python -c`, no shell): it reads one JSON line
+from stdin (argv, env, cwd), so the environment never appears on a command line (nor in `ps`), then prints its
+pid and execs argv. sshd makes every non-pty session its own process group, so `kill -- -PID` takes the
+command and its children. Given a `log` file, the bootstrap double-forks into a new session writing to a log
+file instead (the delay line outlives the SSH session that started it).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import threading
+from typing import IO, Any
+
+from testbed.agents import bootstrap
+from testbed.fabric.process import PopenLike
+from testbed.fabric.ssh.connection import Connection, RemoteError
+
+
+class _TextReader:
+    """Text lines from a paramiko binary channel file (what Popen(text=True).stdout offers)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def readline(self) -> str:
+        return self._raw.readline().decode(errors="replace")
+
+    def read(self) -> str:
+        return self._raw.read().decode(errors="replace")
+
+
+def _bootstrap_command(python: str, sudo: bool) -> str:
+    return ("sudo -n " if sudo else "") + shlex.join([python, "-c", bootstrap.source(), "-"])
+
+
+class RemoteProcess(PopenLike):
+    """argv running on `connection`'s host; stdout/stderr: a file (streamed live), PIPE, DEVNULL or None."""
+
+    def __init__(self, connection: Connection, argv: list[str], *, env: dict[str, str], cwd: str,
+                 mkdirs: tuple[str, ...] = (), sudo: bool = False, stdout: Any = None, stderr: Any = None,
+                 text: bool = False, log: str | None = None) -> None:
+        self.connection, self.argv, self.sudo = connection, argv, sudo
+        self.returncode: int | None = None
+        self.stdout: Any = None
+        self.stderr: Any = None
+        self._pumps: list[threading.Thread] = []
+        transport = connection.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {connection.host.name}: the SSH connection is closed")
+        channel = transport.open_session()
+        self.channel = channel
+        if stderr == subprocess.STDOUT:
+            channel.set_combine_stderr(True)
+        channel.exec_command(_bootstrap_command(connection.host.python, sudo))
+        spec = {"argv": argv, "env": env, "cwd": cwd, "mkdirs": list(mkdirs), "log": log, "pid": True}
+        channel.sendall(json.dumps(spec).encode() + b"\n")
+        channel.shutdown_write()  # the command's stdin is /dev/null
+        first = b""
+        while not first.endswith(b"\n"):
+            byte = channel.recv(1)
+            if not byte:
+                break
+            first += byte
+        if not first.startswith(b"pid ") or not first[4:].strip().isdigit():
+            tail = channel.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines()[-1:]
+            raise RemoteError(f"host {connection.host.name}: could not start {argv[0]}: "
+                              f"{' '.join(tail) or first.decode(errors='replace').strip() or 'no output'}")
+        self.pid = int(first[4:])
+        self._route(stdout, text, err=False)
+        if stderr != subprocess.STDOUT:
+            self._route(stderr, text, err=True)
+
+    def _route(self, target: Any, text: bool, err: bool) -> None:
+        channel = self.channel
+        if target == subprocess.PIPE:
+            raw = channel.makefile_stderr("rb") if err else channel.makefile("rb")
+            setattr(self, "stderr" if err else "stdout", _TextReader(raw) if text else raw)
+            return
+        if target is None:
+            sink: IO[bytes] | None = (sys.stderr if err else sys.stdout).buffer
+        elif target == subprocess.DEVNULL:
+            sink = None
+        else:
+            sink = target
+        receive = channel.recv_stderr if err else channel.recv
+
+        def pump() -> None:
+            while True:
+                data = receive(65536)
+                if not data:
+                    return
+                if sink is not None:
+                    sink.write(data)
+                    sink.flush()
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        self._pumps.append(thread)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.channel.exit_status_ready():
+            code = self.channel.recv_exit_status()
+            for thread in self._pumps:  # the log is complete when poll() reports the exit
+                thread.join(timeout=5)
+            self.returncode = -9 if code == -1 else code  # -1: ended by a signal (no exit status)
+        return self.returncode
+
+    def send_signal(self, signal_name: str) -> None:
+        """Signal the remote process group (the command and its children)."""
+        if self.poll() is not None:
+            return
+        out = self.connection.run(["kill", "-s", signal_name, "--", f"-{self.pid}"], sudo=self.sudo)
+        if out.code != 0:
+            self.connection.run(["kill", "-s", signal_name, str(self.pid)], sudo=self.sudo)

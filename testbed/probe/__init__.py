@@ -1,1 +1,0 @@
-"""Link calibration: measure what the emulated links really do, against what is configured."""

@@ -1,1 +1,0 @@
-"""Real hosts over SSH (paramiko): connections with verified host keys, remote commands, host checks."""
