@@ -1,5 +1,5 @@
-"""The `testbed` commands: up, status, exec, shape, probe, run, compose, report, compare, check, hosts, down,
-clean. Thin: each parses its options, calls the fabric, runner or collect, and prints (tables: render.py).
+"""The `testbed` commands: up, status, exec, shape, probe, run, compose, report, compare, check, calibrate,
+plan, whatif, hosts, down, clean. Thin: each parses its options, calls the fabric, runner or collect, and prints (tables: render.py).
 Heavy modules are imported inside the commands, so `testbed --help` stays fast."""
 
 from __future__ import annotations
@@ -509,6 +509,73 @@ def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<ex
             _fail(f"--against: {against} is a run of {names[1]!r}, not of {names[0]!r}")
     if not _gate(run_dir, junit, against, fraction):
         raise typer.Exit(1)
+
+
+@app.command()
+def calibrate(target: Path = typer.Argument(..., help="A topology, or an experiment (its topology; its model is "
+                                                      "profiled when it runs real compute)."),
+              output: Path = typer.Option(Path("calibration.json"), "-o", "--output", help="Calibration file to write."),
+              shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+              backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+              known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+              image: str = ImageOption, prefix: str = PrefixOption) -> None:
+    """Measure the cost model's calibration on this machine's emulated links: collective micro-benchmarks per DC
+    pair (and the model's compute), fitted; `plan` and `whatif` accept the file."""
+    from testbed.fabric import cancel
+    from testbed.runner.calibrate import calibrate_file
+
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image)
+    cancel.install()
+    calibration = _guard(lambda: calibrate_file(target, output, prefix=prefix, shaper=shaper, backend=chosen_backend))
+    fit = calibration.fit
+    out.print(f"[green]calibrated[/green]: {output} ({fit.get('samples')} measurements, median error "
+              f"{fit.get('median_abs_error', 0):.1%}, p90 {fit.get('p90_abs_error', 0):.1%})")
+
+
+@app.command(name="plan")
+def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+          calibration: Optional[Path] = typer.Option(None, "--calibration", help="A file from `testbed calibrate` "
+                                                     "(or a run's calibration.json)."),
+          as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+          search: bool = typer.Option(False, "--search", help="Explore strategy options; recommend one per point.")
+          ) -> None:
+    """Predict every cell of an experiment without building anything (no root) and name the fastest strategy
+    at each sweep point."""
+    from testbed.model.calibration import CalibrationError
+    from testbed.model.commands import plan_experiment
+    from testbed.model.predict import NoComputeProfile
+    from testbed.spec.errors import SpecError
+
+    try:  # not _guard: its SSH error type would import paramiko, and plan must start fast
+        result = plan_experiment(experiment, calibration, with_search=search)
+    except (SpecError, CalibrationError) as error:
+        _fail(str(error))
+    except NoComputeProfile as error:
+        _fail(f"{experiment}: {error}")
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+        return
+    from testbed.cli.render import print_prediction
+
+    print_prediction(result, out)
+
+
+@app.command()
+def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenarios/)."),
+           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the table, plot and report go "
+                                                  "(default results/whatif/<name>).")) -> None:
+    """Predicted scaling efficiency per strategy against distance and inter-DC bandwidth, at real scale."""
+    from testbed.model.commands import whatif_scenario
+    from testbed.spec.errors import SpecError
+
+    try:
+        result = whatif_scenario(scenario, out_dir)
+    except SpecError as error:
+        _fail(str(error))
+    from testbed.cli.render import whatif_table
+
+    out.print(whatif_table(result))
+    out.print(f"table: {result['files']['table']}\nplot: {result['files']['plot']}\nreport: {result['files']['report']}")
 
 
 hosts_app = typer.Typer(help="Real hosts over SSH (inventory files).", no_args_is_help=True)

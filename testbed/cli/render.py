@@ -1,4 +1,5 @@
-"""The tables the `testbed` command prints (rich): plans for --dry-run, status, host checks, probe results.
+"""The tables the `testbed` command prints (rich): plans for --dry-run, status, host checks, probe results,
+the cost model's predictions (plan) and what-if answers.
 
 Which plan table is printed follows the plan's type (a network, a containers or a hosts plan), never the name
 of the backend that made it."""
@@ -134,4 +135,43 @@ def probe_table(records: list[dict], info: dict) -> Table:
             _fmt(r["rate_configured_mbps"], ".0f", " Mbit/s"), _fmt(r["goodput_expected_mbps"], ".1f", " Mbit/s"),
             _fmt(r["goodput_mbps"], ".1f", " Mbit/s"),
             _fmt(r["goodput_error"] and r["goodput_error"] * 100, "+.1f", "%"), r["not_applied"] or "-")
+    return table
+
+
+def print_prediction(result: dict[str, Any], out: Console) -> None:
+    """`testbed plan`: every cell's prediction, the fastest strategy per sweep point, and what --search found."""
+    from rich.markup import escape
+
+    out.print(f"[bold]plan[/bold] {result['experiment']}: calibration {result['calibration']}")
+    table = Table("cell", "step s", "tokens/s", "exposed s", "inter-DC MB/step", "where the time goes", title="predicted")
+    for cell in result["cells"]:
+        table.add_row(escape(cell["cell"]), f"{cell['step_s_predicted']:.3f}", f"{cell['tokens_per_s_predicted']:,.0f}",
+                      f"{cell['exposed_s_predicted']:.3f}", f"{cell['inter_dc_bytes_predicted'] / 1e6:.2f}",
+                      escape(cell["explain"]))
+    out.print(table)
+    for point, strategy in result["best"].items():
+        out.print(f"best at {escape(point or 'every cell')}: [bold]{escape(strategy)}[/bold]", highlight=False)
+    for point, found in result.get("search", {}).items():
+        best = found["recommended"]
+        options = ", ".join(f"{k}={v}" for k, v in best["options"].items()) or "its defaults"
+        out.print(f"recommended at {escape(point or 'every cell')} ({found['candidates']} configurations): "
+                  f"[bold]{best['strategy']}[/bold] with {escape(options)}: {best['tokens_per_s_predicted']:,.0f} "
+                  "tokens/s predicted", highlight=False)
+
+
+def whatif_table(result: dict[str, Any]) -> Table:
+    """`testbed whatif`: each strategy at the scenario's reference point, and what it takes to reach the target."""
+    import pandas as pd
+
+    def fmt(value: Any, cap: float | None = None) -> str:
+        if pd.isna(value):
+            return "never"
+        return f">= {cap:,.0f}" if cap is not None and value >= cap else f"{value:,.0f}"
+
+    scenario = result["scenario"]
+    table = Table("strategy", "efficiency", "step s", "bandwidth for target (Gbit/s)", "distance for target (km)",
+                  title=f"{scenario.name} at the reference point (target {scenario.target_efficiency:.0%})")
+    for row in pd.read_csv(result["files"]["answers"]).to_dict("records"):
+        table.add_row(row["strategy"], f"{row['efficiency']:.1%}", f"{row['step_s']:.2f}",
+                      fmt(row["bandwidth_for_target_gbit"]), fmt(row["distance_for_target_km"], 20_000))
     return table

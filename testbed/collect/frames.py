@@ -163,6 +163,37 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
     return frame
 
 
+PREDICTED = ("step_s_predicted", "tokens_per_s_predicted", "inter_dc_bytes_predicted", "exposed_s_predicted",
+             "bubble_ratio_predicted")
+
+
+def add_predictions(summary: pd.DataFrame, run_dir: Path, results: list[dict]) -> pd.DataFrame:
+    """The cost model's prediction beside each cell's measurement (testbed.model, from the run's calibration
+    and the cell's measured round trips): step_s_predicted (the mean step), tokens_per_s_predicted,
+    inter_dc_bytes_predicted (per step, as the kernel counters count them), the model's explanation, and the
+    errors predicted/measured - 1 of the mean step and of the bytes; NaN without a calibration."""
+    from testbed.model.predict import predict_run
+
+    if summary.empty:
+        return summary
+    try:
+        predictions = {p.cell: p.row() for p in predict_run(run_dir, results)}
+    except (OSError, ValueError):  # an unreadable calibration file: no predictions (NaN), the run's figures stand
+        predictions = {}
+    for column in (*PREDICTED, "explain"):  # the same columns with or without a calibration (NaN without)
+        summary[column if column != "explain" else "model_explain"] = [
+            predictions.get(cell, {}).get(column) for cell in summary["cell"]]
+    for column in PREDICTED:
+        summary[column] = pd.to_numeric(summary[column], errors="coerce")
+    summary["step_error"], summary["bytes_error"] = float("nan"), float("nan")
+    if "step_s_mean" in summary:
+        summary["step_error"] = summary["step_s_predicted"] / summary["step_s_mean"] - 1
+    if "inter_dc_gb_per_step" in summary:
+        measured = summary["inter_dc_gb_per_step"] * 1e9
+        summary["bytes_error"] = (summary["inter_dc_bytes_predicted"] / measured).where(measured > 0) - 1
+    return summary
+
+
 def _efficiencies(frame: pd.DataFrame, workload_keys: list[str]) -> tuple[list, list]:
     """Each cell's tokens/s over its own strategy's baseline (median over repetitions), and over the best
     strategy's baseline, both at the same workload sweep values (None where there is no baseline)."""
@@ -192,7 +223,8 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     numeric = [c for c in ("tokens_per_s", "scaling_efficiency", "efficiency_vs_single_site", "step_s_median",
                            "step_s_p90", "step_s_mean", "exposed_comm_share",
                            "bubble_ratio", "inter_dc_gb_per_step", "workload_wire_inter_gb_per_step",
-                           "workload_payload_inter_gb_per_step", "final_loss") if c in summary]
+                           "workload_payload_inter_gb_per_step", "final_loss", *PREDICTED, "step_error",
+                           "bytes_error") if c in summary]
     ok = summary[summary["status"] == "ok"].copy()
     ok[numeric] = ok[numeric].apply(pd.to_numeric, errors="coerce")  # a figure no cell reported is all None
     for key in keys:

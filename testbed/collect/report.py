@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.collect.faults import fault_windows, sdc_table, timeline_plot
-from testbed.collect.frames import aggregate, load_results, load_steps, summarise
+from testbed.collect.frames import add_predictions, aggregate, load_results, load_steps, summarise
 from testbed.collect.gates import check_line, check_thresholds
 
 EFFICIENCY_FLOOR = 0.9
@@ -171,6 +171,69 @@ def lateness_lines(summary: pd.DataFrame) -> list[str]:
             for _, row in summary[summary["delay_late_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
 
 
+MODEL_TEXT = ("Each cell predicted by the calibrated cost model without its measured steps: the run's calibration "
+              "(collective micro-benchmarks over the links), the cell's measured round trips and, for real compute, "
+              "the compute of its warm-up steps (synthetic compute: the setting). step error = predicted mean step / "
+              "measured mean step - 1; bytes error = predicted / kernel-counted "
+              "inter-DC bytes per step - 1.")
+
+
+def model_table(summary: pd.DataFrame) -> pd.DataFrame:
+    if "step_s_predicted" not in summary or summary["step_s_predicted"].isna().all():
+        return pd.DataFrame()
+    columns = [c for c in ("cell", "step_s_mean", "step_s_predicted", "step_error", "tokens_per_s",
+                           "tokens_per_s_predicted", "inter_dc_gb_per_step", "inter_dc_bytes_predicted", "bytes_error",
+                           "model_explain") if c in summary]
+    table = summary[summary["status"] == "ok"][columns].copy()
+    if "inter_dc_bytes_predicted" in table:
+        table["inter_dc_bytes_predicted"] = table["inter_dc_bytes_predicted"] / 1e9
+        table = table.rename(columns={"inter_dc_bytes_predicted": "inter_dc_gb_per_step_predicted"})
+    return table
+
+
+def model_lines(summary: pd.DataFrame) -> list[str]:
+    """What the model says: its error over the shaped cells, and where the time goes in the slowest cell."""
+    if "step_error" not in summary or summary["step_error"].dropna().empty:
+        return []
+    shaped = summary[(summary["status"] == "ok") & ~summary["baseline"].astype(bool)].dropna(subset=["step_error"])
+    if shaped.empty:
+        return []
+    errors = shaped["step_error"].abs()
+    lines = [f"Cost model: the mean step of the {len(shaped)} shaped cells was predicted within a median of "
+             f"{errors.median():.1%} (p90 {errors.quantile(0.9):.1%}, worst {errors.max():.1%} in "
+             f"`{shaped.loc[errors.idxmax(), 'cell']}`)."]
+    slowest = shaped.sort_values("step_s_mean").iloc[-1]
+    if isinstance(slowest.get("model_explain"), str) and slowest["model_explain"]:
+        lines.append(f"The model on the slowest cell, `{slowest['cell']}` ({slowest['step_s_mean']:.2f} s per step, "
+                     f"predicted {slowest['step_s_predicted']:.2f} s): {slowest['model_explain']}.")
+    return lines
+
+
+def model_plot(run_dir: Path, summary: pd.DataFrame) -> list[tuple[str, str]]:
+    if "step_s_predicted" not in summary or "step_s_mean" not in summary:
+        return []
+    ok = summary[(summary["status"] == "ok")].dropna(subset=["step_s_predicted", "step_s_mean"])
+    if ok.empty:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for baseline, marker, label in ((False, "o", "shaped cells"), (True, "x", "baselines (unshaped)")):
+        part = ok[ok["baseline"].astype(bool) == baseline]
+        ax.scatter(part["step_s_mean"], part["step_s_predicted"], marker=marker, label=label)
+    top = float(max(ok["step_s_mean"].max(), ok["step_s_predicted"].max())) * 1.1
+    ax.plot([0, top], [0, top], color="grey", lw=0.8)
+    for bound in (0.9, 1.1):
+        ax.plot([0, top], [0, top * bound], color="grey", lw=0.6, ls="--")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured mean step (s)", ylabel="predicted mean step (s)",
+           title="cost model: predicted vs measured (dashed: ±10 %)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    (run_dir / "plots").mkdir(exist_ok=True)
+    fig.savefig(run_dir / "plots" / "model.png", dpi=100)
+    plt.close(fig)
+    return [("plots/model.png", "predicted vs measured mean step")]
+
+
 LATENESS_TEXT = ("How late the delay line released each packet against its due time, per link and cell: the "
                  "emulator's own error, apart from the endpoints' scheduling (which the probe's RTT includes). "
                  "`late` marks a p99 above max(5 % of the link's delay, 1 ms).")
@@ -190,16 +253,18 @@ def build_report(run_dir: Path) -> Path:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     results = load_results(run_dir)
     steps = load_steps(run_dir)
-    summary = summarise(results, steps, manifest.get("warmup_steps", 0))
+    summary = add_predictions(summarise(results, steps, manifest.get("warmup_steps", 0)), run_dir, results)
     agg = aggregate(summary)
     steps.to_csv(run_dir / "steps.csv", index=False)
     summary.to_csv(run_dir / "summary.csv", index=False)
     agg.to_csv(run_dir / "summary_by_point.csv", index=False)
     checks = check_thresholds(manifest, agg) if manifest.get("experiment_text") else []
     (run_dir / "thresholds.json").write_text(json.dumps(checks, indent=1))
-    images = plots(run_dir, summary, agg, steps) + timeline_plot(run_dir, results, steps, _plt())
+    images = plots(run_dir, summary, agg, steps) + model_plot(run_dir, summary) + timeline_plot(run_dir, results, steps,
+                                                                                                 _plt())
     windows, sdc = fault_windows(results), sdc_table(results)
-    notes = reading(summary, agg)
+    notes = reading(summary, agg) + model_lines(summary)
+    model = model_table(summary)
     calibration = []
     for result in results:
         for row in result.get("calibration", []):
@@ -224,6 +289,9 @@ def build_report(run_dir: Path) -> Path:
     md += ["## Results (median over repetitions)", "",
            main_table.to_markdown(index=False, floatfmt=".3g") if not main_table.empty else "(none)", ""]
     md += [f"![{title}]({path})" for path, title in images] + [""]
+    if not model.empty:
+        md += ["## Predicted vs measured (cost model, testbed.model)", "", MODEL_TEXT, "",
+               model.to_markdown(index=False, floatfmt=".3g"), ""]
     md += ["## Links as the topology sets them (cells apply their sweep values; see the calibration)", "",
            links.to_markdown(index=False) if not links.empty else "(none)", ""]
     if not cal.empty:
@@ -240,13 +308,13 @@ def build_report(run_dir: Path) -> Path:
                     for title, frame in (("Faults (seconds on each cell's clock)", windows),
                                          ("Silent data corruption", sdc)) if not frame.empty)
     (run_dir / "report.html").write_text(_html(manifest, run_dir, notes, checks, main_table, images, links, cal,
-                                               late, extra))
+                                               late, model, extra))
     return run_dir / "report.html"
 
 
 def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], table: pd.DataFrame,
           images: list[tuple[str, str]], links: pd.DataFrame, cal: pd.DataFrame, late: pd.DataFrame,
-          extra: str = "") -> str:
+          model: pd.DataFrame, extra: str = "") -> str:
     esc = html.escape
 
     def md_bold(text: str) -> str:
@@ -254,6 +322,8 @@ def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], t
         return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)).replace("`", "")
 
     check_items = "".join(f"<li class={'pass' if c['passed'] else 'fail'}>{esc(check_line(c))}</li>" for c in checks)
+    model_html = "" if model.empty else ("<h2>Predicted vs measured (cost model)</h2><p>" + esc(MODEL_TEXT) + "</p>"
+                                         + model.to_html(index=False, float_format=lambda v: f"{v:.3g}"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(manifest['experiment'])}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}table{{border-collapse:collapse;
 font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}
@@ -265,6 +335,7 @@ img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail
 {'<h2>Claims and thresholds</h2><ul>' + check_items + '</ul>' if checks else ''}
 <h2>Results (median over repetitions)</h2>{table.to_html(index=False, float_format=lambda v: f'{v:.3g}')}
 {''.join(f'<h3>{esc(t)}</h3><img src="{esc(p)}" alt="{esc(t)}">' for p, t in images)}
+{model_html}
 <h2>Links as the topology sets them (cells apply their sweep values; see the calibration)</h2>
 {links.to_html(index=False)}
 {'<h2>Link calibration per cell</h2>' + cal.to_html(index=False, float_format=lambda v: f'{v:.3f}') if not cal.empty else ''}

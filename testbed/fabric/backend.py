@@ -34,6 +34,7 @@ class Backend(ABC):
     Options: ClassVar[type[BackendOptions]] = BackendOptions
     State: ClassVar[type[BackendState]] = BackendState  # its record in the state file
     forks_ranks: ClassVar[bool] = False  # its fabric's fork_server() gives one (the fork launcher works here)
+    shared_clock: ClassVar[bool] = True  # every node reads one clock (timestamps of different nodes compare)
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options if options is not None else self.Options()

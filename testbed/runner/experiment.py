@@ -34,7 +34,7 @@ from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
-from testbed.runner.probe import as_records, probe_all
+from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
 from testbed.spec.experiment import Experiment, load_experiment
 from testbed.spec.faults import Fault
@@ -79,27 +79,6 @@ def manifest(experiment: Experiment, source: Path | None, testbed: Testbed, extr
         "warmup_steps": experiment.workload.warmup_steps, "repetitions": experiment.repetitions,
         "started": datetime.now(UTC).isoformat(), **(extra or {}),
     }
-
-
-def calibrate(testbed: Testbed, mode: str) -> list[dict]:
-    """Measured RTT (and goodput with mode 'full') per ordered DC pair, as the cell's links are now."""
-    if mode == "none":
-        return []
-    results = probe_all(testbed.fabric, testbed.plan, testbed.topology, pings=30 if mode == "rtt" else 100,
-                        seconds=0.0 if mode == "rtt" else 2.0, applied=testbed.fabric.delay_applied)
-    keep = ("src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_p50_ms", "rtt_p99_ms", "not_applied")
-    return [{k: r[k] for k in keep + (("goodput_mbps", "goodput_expected_mbps") if mode == "full" else ())}
-            for r in as_records(results)]
-
-
-def inter_dc_counters(testbed: Testbed) -> dict[str, dict[str, int]]:
-    counters = testbed.fabric.counters()
-    return {key: dataclasses.asdict(value) for key, value in counters.items()
-            if testbed.plan.link_end(key).kind == "inter-dc"}
-
-
-def counter_delta(before: dict, after: dict) -> dict[str, dict[str, int]]:
-    return {key: {name: after[key][name] - before[key][name] for name in after[key]} for key in after}
 
 
 LATE_FLAG_FRACTION, LATE_FLAG_FLOOR_MS = 0.05, 1.0  # the emulator itself is too late above max(5 % of delay, 1 ms)
@@ -276,6 +255,8 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                                f"{testbed.state.backend} backend (sdc is)")
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
+        if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
+            calibrate_for_model(testbed, run_dir, experiment, progress)
         for cell in todo:
             cancel.check()
             argv = workload_argv(cell.workload_args())
@@ -314,6 +295,24 @@ def fork_server(testbed: Testbed, wanted: bool, run_dir: Path) -> Iterator[ForkS
     finally:
         if forks is not None:
             forks.close()
+CALIBRATION_FILE = "calibration.json"  # testbed.model.predict reads it from the run directory
+
+
+def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment, progress: Any = None) -> None:
+    """The cost model's calibration for this run (collective micro-benchmarks over the links as the topology
+    sets them, the model's compute profile), written to the run directory. A failure is recorded, not fatal:
+    the cells still run, without predictions."""
+    from testbed.runner.calibrate import calibrate_testbed
+
+    if progress:
+        progress.console.print("[dim]calibrating the cost model (collective micro-benchmarks)[/dim]")
+    try:
+        calibration = calibrate_testbed(testbed, run_dir / "calibration", experiment,
+                                        ranks_per_node=experiment.workload.ranks_per_node)
+    except Exception as error:  # the run goes on without predictions
+        atomic_write(run_dir / "calibration-failed.txt", f"{type(error).__name__}: {error}\n")
+        return
+    calibration.save(run_dir / CALIBRATION_FILE)
 
 
 @contextmanager

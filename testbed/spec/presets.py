@@ -35,3 +35,16 @@ PRESETS: dict[str, ModelConfig] = {
     "medium": ModelConfig(d_model=512, n_layers=8, n_heads=8, seq_len=256),  # ~25M
     "gpt-100m": ModelConfig(d_model=768, n_layers=14, n_heads=12, seq_len=512),  # ~99M
 }
+
+
+def split_points(n_modules: int, n_chunks: int) -> list[tuple[int, int]]:
+    """Cut `n_modules` consecutive modules into `n_chunks` contiguous, near-equal ranges."""
+    if n_chunks > n_modules:
+        raise ValueError(f"cannot cut {n_modules} layers into {n_chunks} pipeline chunks")
+    base, extra = divmod(n_modules, n_chunks)
+    bounds, start = [], 0
+    for chunk in range(n_chunks):
+        end = start + base + (1 if chunk < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds

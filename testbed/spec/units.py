@@ -1,7 +1,7 @@
 """Parse the unit strings users write ("10ms", "1000km", "400gbit", "0.1%") into plain SI numbers.
 
 Every parser takes a string (or a bare number, read in the base unit) and returns a float in:
-seconds, metres, bits per second or a fraction in [0, 1]. A bad value raises ValueError with a
+seconds, metres, bits per second, bytes or a fraction in [0, 1]. A bad value raises ValueError with a
 message short enough to end up in a one-line spec error.
 """
 
@@ -20,6 +20,8 @@ _DURATION = {"": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
 _DISTANCE = {"": 1.0, "m": 1.0, "km": 1e3, "mi": 1609.344}
 _RATE = {"": 1.0, "bit": 1.0, "bps": 1.0, "kbit": 1e3, "kbps": 1e3, "mbit": 1e6, "mbps": 1e6, "gbit": 1e9,
          "gbps": 1e9, "tbit": 1e12, "tbps": 1e12}
+_SIZE = {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024.0, "mib": 1024.0**2,
+         "gib": 1024.0**3}
 
 
 def _parse(value: str | int | float, table: dict[str, float], what: str, example: str) -> float:
@@ -67,6 +69,11 @@ def parse_fraction(value: str | int | float) -> float:
     if not 0.0 <= number <= 1.0:
         raise ValueError(f"must lie between 0% and 100%, got {value!r}")
     return number
+
+
+def parse_size(value: str | int | float) -> float:
+    """'4MiB' -> 4194304 (bytes). A bare number is bytes."""
+    return _non_negative(_parse(value, _SIZE, "size", "4MiB"), value, "size")
 
 
 def fibre_delay(distance_m: float) -> float:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from testbed.spec.presets import PRESETS, ModelConfig
+from testbed.spec.presets import PRESETS, ModelConfig, split_points
 
 
 class Block(nn.Module):
@@ -82,19 +82,6 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-def split_points(n_modules: int, n_chunks: int) -> list[tuple[int, int]]:
-    """Cut `n_modules` consecutive modules into `n_chunks` contiguous, near-equal ranges."""
-    if n_chunks > n_modules:
-        raise ValueError(f"cannot cut {n_modules} layers into {n_chunks} pipeline chunks")
-    base, extra = divmod(n_modules, n_chunks)
-    bounds, start = [], 0
-    for chunk in range(n_chunks):
-        end = start + base + (1 if chunk < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
 
 
 def flops_per_token(cfg: ModelConfig, n_params: int) -> float:

@@ -20,6 +20,11 @@ def test_fractions(text, fraction):
     assert units.parse_fraction(text) == pytest.approx(fraction)
 
 
+@pytest.mark.parametrize("text,size", [("4MiB", 4194304.0), ("4MB", 4e6), ("512", 512.0), (1e6, 1e6)])
+def test_sizes(text, size):  # a what-if scenario's transport window
+    assert units.parse_size(text) == pytest.approx(size)
+
+
 def test_distance_becomes_fibre_delay():
     assert units.fibre_delay(units.parse_distance("1000km")) == pytest.approx(4.9e-3)
     assert units.fibre_delay(units.parse_distance("10km")) == pytest.approx(49e-6)
@@ -32,6 +37,7 @@ def test_distance_becomes_fibre_delay():
     (units.parse_rate, "0gbit", "positive"),
     (units.parse_fraction, "150%", "between"),
     (units.parse_distance, "10 furlongs", "distance"),
+    (units.parse_size, "4 bushels", "size"),
     (units.parse_duration, True, "duration"),
 ])
 def test_bad_values_name_the_problem(parser, value, needle):

@@ -174,3 +174,17 @@ def test_the_spec_counts_the_models_parameters(preset):
     cfg = PRESETS[preset]
     assert cfg.parameters() == count_parameters(GPT(cfg))
     assert cfg.parameters(seq_len=2 * cfg.seq_len) == count_parameters(GPT(replace(cfg, seq_len=2 * cfg.seq_len)))
+
+
+def test_the_cost_model_counts_the_real_model_without_torch():
+    """testbed.model.shapes (no torch) against the workload's modules: parameters in order, buckets, pipeline chunks."""
+    from testbed.model import shapes
+    from testbed.spec.presets import PRESETS
+    from testbed.workload.model import GPT, split_points
+
+    for cfg in PRESETS.values():
+        model = GPT(cfg)
+        assert shapes.tensors(cfg) == [p.numel() for p in model.parameters()]
+        modules = list(model)
+        assert shapes.chunk_parameters(cfg, 3) == [sum(p.numel() for m in modules[lo:hi] for p in m.parameters())
+                                                   for lo, hi in split_points(len(modules), 3)]

@@ -64,6 +64,7 @@ def _inventory_record(inventory: Inventory, source: Path) -> dict:
 class SshBackend(Backend):
     name: ClassVar[str] = "ssh"
     summary: ClassVar[str] = "inventory hosts"
+    shared_clock: ClassVar[bool] = False  # each host its own clock
     Options = SshOptions
     State = SshState
     options: SshOptions

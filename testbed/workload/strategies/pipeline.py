@@ -23,71 +23,16 @@ Bubble: the part of a stage's step that is neither its own compute nor its data-
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
 import torch
 from torch import nn
 
-from testbed.spec.strategies import SCHEDULES
+from testbed.spec.schedules import overlap_lookahead, schedule_ops
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, average_in_dc, build_model, make_optimizer
-
-Op = tuple[str, int, int]  # ("F" | "B", virtual chunk index on this stage, micro-batch)
-
-
-def gpipe(p: int, s: int, m: int) -> list[Op]:
-    return [("F", 0, mb) for mb in range(m)] + [("B", 0, mb) for mb in reversed(range(m))]
-
-
-def one_f_one_b(p: int, s: int, m: int, extra: int = 0) -> list[Op]:
-    """1F1B; with `extra`, each of the p-s-1 hops to the last stage and back gets `extra` more micro-batches
-    in flight (the last stage, whose forward->backward path crosses no link, gets none)."""
-    warmup = min(m, (p - s - 1) * (1 + extra))
-    ops: list[Op] = [("F", 0, mb) for mb in range(warmup)]
-    forward, backward = warmup, 0
-    while forward < m:
-        ops.append(("F", 0, forward))
-        forward += 1
-        ops.append(("B", 0, backward))
-        backward += 1
-    ops += [("B", 0, mb) for mb in range(backward, m)]
-    return ops
-
-
-def interleaved(p: int, s: int, m: int, v: int) -> list[Op]:
-    """Megatron-LM's interleaved 1F1B order for stage s (m must be a multiple of p)."""
-    if m % p:
-        raise ValueError(f"interleaved-1f1b needs micro-batches ({m}) to be a multiple of stages ({p})")
-    total = m * v
-
-    def forward_op(k: int) -> Op:
-        return ("F", (k // p) % v, (k // (p * v)) * p + k % p)
-
-    def backward_op(k: int) -> Op:
-        return ("B", v - 1 - (k // p) % v, (k // (p * v)) * p + k % p)
-
-    warmup = total if m == p else min(total, (p - s - 1) * 2 + (v - 1) * p)
-    ops = [forward_op(k) for k in range(warmup)]
-    for k in range(total - warmup):
-        ops.append(forward_op(warmup + k))
-        ops.append(backward_op(k))
-    ops += [backward_op(k) for k in range(total - warmup, total)]
-    return ops
-
-
-def schedule_ops(name: str, p: int, s: int, m: int, v: int, lookahead: int) -> list[Op]:
-    if name == "gpipe":
-        return gpipe(p, s, m)
-    if name == "1f1b":
-        return one_f_one_b(p, s, m)
-    if name == "interleaved-1f1b":
-        return interleaved(p, s, m, v)
-    if name == "overlap":
-        return one_f_one_b(p, s, m, extra=lookahead)
-    raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
 
 
 class Pipeline(Strategy):
@@ -133,13 +78,8 @@ class Pipeline(Strategy):
     def _lookahead(self) -> int:
         """Extra warm-up micro-batches for `overlap`: enough to cover one cross-DC round trip."""
         opts = self.ctx.opts
-        if opts.lookahead >= 0:
-            return opts.lookahead
         rtt = float(os.environ.get("TESTBED_LINK_RTT_MS", "0")) / 1e3 or 2 * opts.inject_delay_ms / 1e3
-        per_micro = (self.ctx.synthetic_s or 0.0) / self.p
-        if rtt <= 0 or per_micro <= 0:
-            return max(1, self.p - 1)
-        return min(self.m, math.ceil(rtt / per_micro))
+        return overlap_lookahead(opts.lookahead, rtt, (self.ctx.synthetic_s or 0.0) / self.p, self.p, self.m)
 
     def sample_ranges(self) -> list[tuple[int, int]]:
         per_pipeline = self.ctx.opts.micro_batch * self.m

@@ -1,0 +1,144 @@
+"""How well the cost model predicts the shipped experiments: per cell predicted vs measured mean step, inter-DC
+bytes against the kernel counters, and whether the predicted best strategy at each sweep point is the measured
+best; the error table (median and p90 of |predicted/measured - 1| per experiment and strategy).
+
+    .venv/bin/python bench/model_accuracy.py results/quickstart/<run> results/hierarchical-vs-flat/<run> ...
+    .venv/bin/python bench/model_accuracy.py --run            # run every shipped experiment first (long; as root,
+                                                              # under flock /tmp/testbed-heavy.lock)
+
+Each run is predicted again with the current model from its own calibration (real compute: from each cell's
+warm-up steps; --a-priori: from the calibration's profile alone, as `testbed plan` predicts before running) (re-fitted from the raw
+micro-benchmark figures the run kept, so a better fit applies to old runs too) and each cell's measured round
+trips. Only shaped cells count toward the step-time figures (baselines are listed apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from testbed.collect.frames import add_predictions, aggregate, load_results, load_steps, summarise  # noqa: E402
+from testbed.model.calibration import fit  # noqa: E402
+from testbed.model.predict import CALIBRATION_FILE  # noqa: E402
+from testbed.spec.topology import topology_from_data  # noqa: E402
+
+SHIPPED = ("quickstart", "hierarchical-vs-flat", "pipeline-across-dcs", "distance-sweep", "diloco-vs-dp")
+
+
+def refit(run_dir: Path) -> None:
+    """Fit the run's calibration again from its raw figures (calibration/measured.json) with this code."""
+    raw = run_dir / "calibration" / "measured.json"
+    if not raw.exists():
+        return
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    topology = topology_from_data(manifest["topology"])
+    fit(topology, json.loads(raw.read_text())).save(run_dir / CALIBRATION_FILE)
+
+
+def cells(run_dir: Path) -> pd.DataFrame:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    results = load_results(run_dir)
+    summary = add_predictions(summarise(results, load_steps(run_dir), manifest.get("warmup_steps", 0)), run_dir,
+                              results)
+    summary.insert(0, "experiment", manifest["experiment"])
+    summary.insert(1, "run", run_dir.name)
+    return summary
+
+
+def best_match(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per sweep point: the measured and the predicted fastest strategy (median over repetitions)."""
+    rows = []
+    for experiment, part in summary.groupby("experiment", sort=False):
+        agg = aggregate(part.drop(columns=["experiment", "run"]).dropna(axis=1, how="all"))
+        shaped = agg[agg["baseline"] == "False"]
+        keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
+        for point, group in (shaped.groupby(keys, sort=False) if keys else [((), shaped)]):
+            if "tokens_per_s_predicted" not in group or group["tokens_per_s_predicted"].isna().all():
+                continue
+            measured = group.sort_values("tokens_per_s", ascending=False)
+            predicted = group.sort_values("tokens_per_s_predicted", ascending=False)
+            gap = (measured.iloc[0]["tokens_per_s"] / measured.iloc[1]["tokens_per_s"] - 1) if len(group) > 1 else None
+            rows.append({"experiment": experiment, "point": ", ".join(f"{k}={v}" for k, v in zip(keys, point))
+                         if keys else "-", "measured_best": measured.iloc[0]["strategy"],
+                         "predicted_best": predicted.iloc[0]["strategy"],
+                         "match": measured.iloc[0]["strategy"] == predicted.iloc[0]["strategy"],
+                         "measured_margin": gap})
+    return pd.DataFrame(rows)
+
+
+def error_table(summary: pd.DataFrame) -> pd.DataFrame:
+    ok = summary[(summary["status"] == "ok") & ~summary["baseline"].astype(bool)].dropna(subset=["step_error"])
+    rows = []
+
+    def stats(name: str, strategy: str, part: pd.DataFrame) -> dict:
+        step, nbytes = part["step_error"].abs(), part["bytes_error"].abs().dropna()
+        return {"experiment": name, "strategy": strategy, "cells": len(part),
+                "step median": step.median(), "step p90": step.quantile(0.9), "step worst": step.max(),
+                "bytes median": nbytes.median() if len(nbytes) else None,
+                "bytes worst": nbytes.max() if len(nbytes) else None}
+
+    for (experiment, strategy), part in ok.groupby(["experiment", "strategy"], sort=False):
+        rows.append(stats(experiment, strategy, part))
+    for experiment, part in ok.groupby("experiment", sort=False):
+        rows.append(stats(experiment, "all", part))
+    if not ok.empty:
+        rows.append(stats("all", "all", ok))
+    return pd.DataFrame(rows)
+
+
+def run_shipped(out: Path) -> list[Path]:
+    dirs = []
+    for name in SHIPPED:
+        subprocess.run([sys.executable, "-m", "testbed.cli", "run", f"experiments/{name}.yaml", "--out", str(out)],
+                       cwd=ROOT, check=False)
+        runs = sorted(p for p in (out / name).glob("*") if (p / "manifest.json").exists())
+        if runs:
+            dirs.append(runs[-1])
+    return dirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories (results/<experiment>/<run>)")
+    parser.add_argument("--run", action="store_true", help="run the shipped experiments first")
+    parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--no-refit", action="store_true", help="use each run's calibration.json as it is")
+    parser.add_argument("--csv", type=Path, help="write every cell's figures here")
+    parser.add_argument("--a-priori", action="store_true", help="real compute from the calibration's profile only, "
+                        "not from each cell's warm-up steps (what `testbed plan` knows before running)")
+    args = parser.parse_args(argv)
+    if args.a_priori:
+        import testbed.model.predict as predict
+
+        predict.warmup_local = lambda *_: None
+    runs = list(args.runs) + (run_shipped(args.out) if args.run else [])
+    if not runs:
+        parser.error("give run directories, or --run")
+    frames = []
+    for run_dir in runs:
+        if not args.no_refit:
+            refit(run_dir)
+        frames.append(cells(run_dir))
+    summary = pd.concat(frames, ignore_index=True)
+    if args.csv:
+        summary.to_csv(args.csv, index=False)
+    errors = error_table(summary)
+    matches = best_match(summary)
+    print(errors.to_markdown(index=False, floatfmt=".1%"))
+    print()
+    if not matches.empty:
+        print(matches.to_markdown(index=False, floatfmt=".1%"))
+        print(f"\npredicted best = measured best at {int(matches['match'].sum())} of {len(matches)} sweep points")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

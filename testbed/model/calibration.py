@@ -1,0 +1,272 @@
+"""Calibration: the transport's machine-dependent parameters and the compute per micro-batch, fitted to
+micro-benchmarks measured over the real links (testbed.workload.calibrate, run by `testbed calibrate` and at
+the start of every `testbed run`), stored as a JSON file that `plan` and `whatif` accept.
+
+Fit: every measured operation (all-reduce over all ranks, over the inter-DC groups one or several lanes at a
+time, reduce-scatter and all-gather inside a DC, a send and its acknowledgement between neighbouring DCs; at
+a few sizes; after an idle gap and back to back) is simulated with the same collectives the strategies use
+(testbed.model.collectives), and the free parameters (per-call and per-segment overhead, the rate of unshaped
+paths, the share of a shaped rate TCP payload gets) are chosen by coordinate search to minimise the squared
+log error. Bytes: the kernel counters of the benchmark over its payload give the header and control overhead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from testbed.model.collectives import (
+    MESSAGE_BYTES,
+    Sim,
+    gloo_all_gather,
+    gloo_all_reduce,
+    gloo_reduce_scatter,
+    transfer,
+)
+from testbed.model.network import Network, build_network
+from testbed.model.transport import Connections, Transport
+from testbed.spec.topology import Topology
+
+FORMAT = "testbed-calibration/1"
+GRID = {
+    "efficiency": [0.3 + 0.025 * i for i in range(29)],
+    "local_bandwidth": [10 ** (8.0 + 0.125 * i) for i in range(21)],
+    "op_overhead": [0.0, 1e-4, 2e-4, 4e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 8e-3],
+    "message_overhead": [0.0, 2e-5, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4, 1.5e-3, 2.5e-3, 4e-3, 6e-3, 9e-3],
+    "late_receive": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
+}
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; str() is one line naming the file and field."""
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    preset: str
+    micro_batch: int
+    seq_len: int
+    seconds: float  # forward+backward of one micro-batch of the whole model, every rank computing at once
+    concurrent_ranks: int
+
+
+@dataclass
+class Calibration:
+    transport: Transport = field(default_factory=Transport)
+    compute: list[ComputeProfile] = field(default_factory=list)
+    fit: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    source: dict[str, Any] = field(default_factory=dict)  # topology, links, probe, machine, date
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.fit)
+
+    def compute_seconds(self, preset: str, micro_batch: int, seq_len: int) -> float | None:
+        for profile in self.compute:
+            if (profile.preset, profile.micro_batch, profile.seq_len) == (preset, micro_batch, seq_len):
+                return profile.seconds
+        same = [p for p in self.compute if p.preset == preset and p.seq_len == seq_len]
+        if same:  # compute grows with the samples of a micro-batch: scale the nearest profile
+            nearest = min(same, key=lambda p: abs(p.micro_batch - micro_batch))
+            return nearest.seconds * micro_batch / nearest.micro_batch
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "transport": self.transport.to_dict(),
+                "compute": [vars(p) for p in self.compute], "fit": self.fit, "samples": self.samples,
+                "source": self.source}
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise CalibrationError(f"{path}: cannot read ({error.strerror or error})") from None
+    except ValueError as error:
+        raise CalibrationError(f"{path}: not JSON ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CalibrationError(f"{path}: format: expected {FORMAT!r} (a file written by `testbed calibrate`)")
+    try:
+        transport = Transport.from_dict(data["transport"])
+        compute = [ComputeProfile(**item) for item in data.get("compute", [])]
+    except (KeyError, TypeError) as error:
+        raise CalibrationError(f"{path}: transport/compute: malformed ({error})") from None
+    return Calibration(transport, compute, data.get("fit", {}), data.get("samples", []), data.get("source", {}))
+
+
+# --- from the benchmark's records to samples -------------------------------------------------------------------
+
+def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> list[dict[str, Any]]:
+    """One sample per measured operation: from the last rank entering it to the last rank leaving it (ranks on
+    one host share CLOCK_MONOTONIC); on hosts of their own, the longest any rank spent in it."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        if record.get("event") != "op":
+            continue
+        key = (record["op"], record["group"], record["bytes"], record.get("concurrency", 1), record["mode"],
+               record["rep"], record.get("pair", 0))
+        groups.setdefault(key, []).append(record)
+    out = []
+    for (op, group, nbytes, concurrency, mode, rep, pair), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        items = [r for r in items if r["rank"] in r.get("ranks", [r["rank"]])] or items  # p2p: its two ranks
+        out.append({"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
+                    "pair": pair, "late_s": items[0].get("late_s"),
+                    "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
+                    else max(r["end"] - r["start"] for r in items),
+                    "ranks": len(items)})
+    return out
+
+
+def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
+    by_key: dict[tuple, list[dict]] = {}
+    for record in records:
+        if record.get("event") == "compute":
+            by_key.setdefault((record["preset"], record["micro_batch"], record["seq_len"]), []).append(record)
+    return [ComputeProfile(p, mb, seq, statistics.median(r["seconds"] for r in items),
+                           items[0].get("concurrent_ranks", len(items)))
+            for (p, mb, seq), items in by_key.items()]
+
+
+# --- the model of each benchmark operation -----------------------------------------------------------------------
+
+def _predict_pair(network: Network, transport: Transport, sample: dict[str, Any],
+                  idle: float = 0.5) -> tuple[float, float]:
+    """(cold, warm) seconds of one measured operation as the benchmark runs it: its connections were last used
+    by the previous operation of the same kind (primed here), then idle for `idle` s before the cold run; the
+    warm run follows straight after on the same connections."""
+    sim = Sim(network, transport, Connections(transport))
+    clock = _one(sim, sample, 0.0) + idle
+    out = []
+    for _ in ("cold", "warm"):
+        out.append(_one(sim, sample, clock) - clock)
+        clock += out[-1] + 1e-3
+    return out[0], out[1]
+
+
+def _one(sim: Sim, sample: dict[str, Any], start: float) -> float:
+    net = sim.network
+    op, group, nbytes = sample["op"], sample["group"], int(sample["bytes"])
+    n = min(net.sizes)
+    dc0 = list(range(net.sizes[0]))
+    if op == "all_reduce" and group == "world":
+        return gloo_all_reduce(sim, list(range(net.world)), nbytes, start, "world")
+    if op == "all_reduce" and group == "inter":
+        c = int(sample.get("concurrency", 1))
+        piece = max(4, nbytes // c)
+        ends = [gloo_all_reduce(sim, net.inter_groups()[0], piece, start, ("lane", i), flows=n * c) for i in range(c)]
+        return max(ends)
+    if op == "reduce_scatter":
+        return gloo_reduce_scatter(sim, dc0, nbytes, start, "rs")
+    if op == "all_gather":
+        return gloo_all_gather(sim, dc0, nbytes, start, "ag")
+    if op in ("send_recv", "send_recv_late"):
+        pair = int(sample.get("pair", 0))
+        src, dst = net.dc_start(pair), net.dc_start(pair + 1)
+        posted = start + (float(sample.get("late_s", 0.05)) if op == "send_recv_late" else 0.0)
+        leave, arrival = transfer(sim, src, dst, nbytes, start, posted, ("p2p", pair))
+        _, back = transfer(sim, dst, src, 4, arrival, leave, ("p2p", pair))
+        return back
+    raise ValueError(f"unknown benchmark operation {op}/{group}")
+
+
+def predict_samples(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> list[float]:
+    cache: dict[tuple, tuple[float, float]] = {}
+    out = []
+    for sample in samples:
+        key = (sample["op"], sample["group"], sample["bytes"], sample.get("concurrency", 1), sample.get("pair", 0))
+        if key not in cache:
+            cache[key] = _predict_pair(network, transport, sample)
+        out.append(cache[key][0 if sample["mode"] == "cold" else 1])
+    return out
+
+
+def _loss(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> float:
+    predicted = predict_samples(network, transport, samples)
+    return sum(math.log(max(p, 1e-6) / max(s["seconds"], 1e-6)) ** 2 for p, s in zip(predicted, samples))
+
+
+def fit_transport(network: Network, samples: list[dict[str, Any]], start: Transport | None = None,
+                  rounds: int = 3) -> tuple[Transport, dict[str, Any]]:
+    """Coordinate search over the free parameters (GRID); returns the fitted transport and its errors."""
+    transport = start or Transport()
+    best = _loss(network, transport, samples)
+    for _ in range(rounds):
+        improved = False
+        for name, values in GRID.items():
+            for value in values:
+                candidate = replace(transport, **{name: value})
+                loss = _loss(network, candidate, samples)
+                if loss < best - 1e-12:
+                    best, transport, improved = loss, candidate, True
+        if not improved:
+            break
+    predicted = predict_samples(network, transport, samples)
+    errors = [p / s["seconds"] - 1 for p, s in zip(predicted, samples) if s["seconds"] > 0]
+    for sample, value in zip(samples, predicted):
+        sample["predicted"] = value
+    summary = {"samples": len(samples), "median_abs_error": _quantile([abs(e) for e in errors], 0.5),
+               "p90_abs_error": _quantile([abs(e) for e in errors], 0.9), "loss": best,
+               "fitted": {name: getattr(transport, name) for name in GRID}}
+    return transport, summary
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def benchmark_payload(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> float:
+    """Payload bytes the benchmark's operations put on the inter-DC links (closed forms), summed."""
+    from testbed.model.strategies import _all_reduce_bytes
+
+    total = 0.0
+    n = min(network.sizes)
+    for sample in samples:
+        op, group, nbytes = sample["op"], sample["group"], int(sample["bytes"])
+        if op == "all_reduce" and group == "world":
+            total += sum(_all_reduce_bytes(network, list(range(network.world)), nbytes, transport).values())
+        elif op == "all_reduce" and group == "inter":
+            c = int(sample.get("concurrency", 1))
+            piece = max(4, nbytes // c)
+            total += n * c * sum(_all_reduce_bytes(network, network.inter_groups()[0], piece, transport).values())
+        elif op in ("send_recv", "send_recv_late") and len(network.sizes) > 1:
+            pair = int(sample.get("pair", 0))
+            total += (nbytes + MESSAGE_BYTES) * len(network.path(pair, pair + 1).hops) + \
+                (4 + MESSAGE_BYTES) * len(network.path(pair + 1, pair).hops)
+    return total
+
+
+def fit(topology: Topology, measured: dict[str, Any], ranks_per_node: int = 1) -> Calibration:
+    """A Calibration from what testbed.runner.calibrate.measure returned."""
+    rtts = {(p["src"], p["dst"]): p["rtt_p50_ms"] / 1e3 for p in measured.get("probe", [])
+            if p.get("rtt_p50_ms") is not None}
+    network = build_network(topology, measured["link_params"], ranks_per_node, rtts)
+    samples = samples_from_records(measured["records"], measured.get("shared_clock", True))
+    transport, summary = fit_transport(network, samples)
+    payload = benchmark_payload(network, transport, samples)
+    kernel = sum(v.get("tx_bytes", 0) for v in measured.get("link_bytes", {}).values())
+    if payload > 0 and kernel > 0:
+        transport = replace(transport, wire_overhead=kernel / payload - 1)
+        summary["bytes"] = {"kernel": kernel, "payload": payload, "overhead": kernel / payload - 1}
+    source = {"topology": topology.name, "links": measured.get("links"), "link_params": measured.get("link_params"),
+              "probe": measured.get("probe"), "world": measured.get("world"),
+              "created": datetime.now(UTC).isoformat(), **measured.get("machine", {})}
+    return Calibration(transport, compute_profiles(measured["records"]), summary, samples, source)

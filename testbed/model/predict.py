@@ -1,0 +1,159 @@
+"""Predict the cells of an experiment (before running) or of a run (with each cell's measured round trips),
+from the topology, the cell's options and links and a calibration."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.model import shapes
+from testbed.model.calibration import Calibration, load_calibration
+from testbed.model.network import build_network
+from testbed.model.strategies import CellModel, Prediction, predict
+from testbed.plan.cells import Cell, plan_cells
+from testbed.spec.experiment import Experiment
+from testbed.spec.strategies import Options
+from testbed.spec.topology import Topology
+
+CALIBRATION_FILE = "calibration.json"
+
+
+class NoComputeProfile(ValueError):
+    """Real compute without a measured profile of this model and micro-batch; str() says how to get one."""
+
+
+def compute_seconds(opts: Options, calibration: Calibration) -> float:
+    """Forward+backward of one micro-batch of the whole model on one rank: the synthetic setting, or the
+    calibration's measured profile."""
+    cfg = shapes.config(opts)
+    if opts.synthetic and opts.compute_ms is not None:
+        return opts.compute_ms / 1e3
+    if opts.synthetic and opts.device_tflops:
+        return shapes.flops_per_token(cfg) * opts.micro_batch * cfg.seq_len / (opts.device_tflops * 1e12)
+    seconds = calibration.compute_seconds(opts.preset, opts.micro_batch, cfg.seq_len)
+    if seconds is None:
+        raise NoComputeProfile(f"no compute profile for preset {opts.preset} at micro_batch {opts.micro_batch}: "
+                               "run `testbed calibrate EXPERIMENT` (it profiles the experiment's model)")
+    return seconds
+
+
+def link_rtt(links: Mapping[str, Mapping[str, Any]]) -> float:
+    """What the runner hands the overlap schedule: the largest configured inter-DC round trip."""
+    return max((2 * float(v.get("latency", 0.0)) for v in links.values()), default=0.0)
+
+
+@dataclass
+class CellPrediction:
+    cell: str
+    strategy: str
+    baseline: bool
+    sweep: dict[str, Any]
+    prediction: Prediction
+    kernel_bytes_per_step: float  # all inter-DC link directions, as the kernel counters count them
+    kernel_link_bytes: dict[str, float]  # the same per link direction ("east->west")
+
+    def row(self) -> dict[str, Any]:
+        p = self.prediction
+        return {"cell": self.cell, "strategy": self.strategy, "baseline": self.baseline, **self.sweep,
+                "step_s_predicted": p.step_s, "tokens_per_s_predicted": p.tokens_per_s,
+                "compute_s_predicted": p.compute_s, "exposed_s_predicted": p.exposed_s,
+                "bubble_ratio_predicted": p.bubble_ratio,
+                "inter_dc_bytes_predicted": self.kernel_bytes_per_step, "explain": p.explain}
+
+
+def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration: Calibration, *,
+                 ranks_per_node: int = 1, warmup_steps: int = 0,
+                 rtts: Mapping[tuple[str, str], float] | None = None,
+                 local: tuple[float, float] | None = None) -> CellPrediction:
+    """`cell`: a planned Cell or the `cell` mapping of a result.json. `rtts`: measured (src, dst) round trips.
+    `local`: (compute per micro-batch, other seconds per step) measured in the cell's own warm-up steps, which
+    replace the profile for real compute (the CPU the ranks share decides it, not the model alone)."""
+    data = cell if isinstance(cell, Mapping) else {"id": cell.id, "strategy": cell.strategy, "options": cell.options,
+                                                   "links": cell.links, "sweep": cell.sweep,
+                                                   "baseline": cell.baseline}
+    options = {k: v for k, v in data["options"].items() if k in Options.__pydantic_fields__}
+    opts = Options(**options)
+    network = build_network(topology, data["links"], ranks_per_node, rtts)
+    compute, overhead = (local if local and not opts.synthetic else (compute_seconds(opts, calibration), 0.0))
+    model = CellModel(opts, network, calibration.transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
+    prediction = predict(model)
+    t = calibration.transport
+    steps = max(1, opts.steps)
+    per_link = {key: value * (1 + t.wire_overhead) for key, value in prediction.link_bytes.items()}
+    kernel = (sum(per_link.values()) * steps + t.fixed_bytes) / steps
+    return CellPrediction(data["id"], data["strategy"], bool(data.get("baseline")), dict(data.get("sweep", {})),
+                          prediction, kernel, per_link)
+
+
+def predict_experiment(experiment: Experiment, topology: Topology, calibration: Calibration) -> list[CellPrediction]:
+    """Every cell the experiment would run, predicted from configured links (nothing is built)."""
+    ranks = experiment.workload.ranks_per_node
+    return [predict_cell(topology, cell, calibration, ranks_per_node=ranks,
+                         warmup_steps=experiment.workload.warmup_steps) for cell in plan_cells(experiment, topology)]
+
+
+def probe_rtts(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """Measured round trips of a cell's link calibration, (src, dst) -> seconds."""
+    return {(p["src"], p["dst"]): p["rtt_p50_ms"] / 1e3 for p in result.get("calibration") or []
+            if p.get("rtt_p50_ms") is not None and p.get("rtt_configured_ms", 0) > 0}
+
+
+def warmup_local(cell_dir: Path, warmup_steps: int, micro_batches: int) -> tuple[float, float] | None:
+    """(compute per micro-batch, other local seconds per step) of the cell's warm-up steps (the first, which
+    initialises, left out when there are others): per step the slowest rank's compute and the ranks' median
+    other time, then the median over those steps. What this machine's shared CPU gave the cell's own ranks,
+    measured before the steps the figures count."""
+    if warmup_steps < 1:
+        return None
+    first = 1 if warmup_steps > 1 else 0
+    compute: dict[int, list[float]] = {}
+    other: dict[int, list[float]] = {}
+    for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            step = record.get("step")
+            if record.get("event") == "step" and first <= step < warmup_steps:
+                compute.setdefault(step, []).append(record["compute_s"])
+                other.setdefault(step, []).append(max(0.0, record["wall_s"] - record["compute_s"] - record["exposed_s"]
+                                                      - record.get("bubble_s", 0.0)))
+    if not compute:
+        return None
+    per_step = sorted(max(values) for values in compute.values())
+    others = sorted(sorted(values)[len(values) // 2] for values in other.values())
+    return per_step[len(per_step) // 2] / max(1, micro_batches), others[len(others) // 2]
+
+
+def run_calibration(run_dir: Path) -> Calibration | None:
+    path = Path(run_dir) / CALIBRATION_FILE
+    return load_calibration(path) if path.exists() else None
+
+
+def predict_run(run_dir: Path, results: list[dict], calibration: Calibration | None = None) -> list[CellPrediction]:
+    """Each completed cell of a run, predicted with its own measured round trips and the run's calibration."""
+    from testbed.spec.topology import topology_from_data
+
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    calibration = calibration or run_calibration(run_dir)
+    if calibration is None or "topology" not in manifest:
+        return []
+    topology = topology_from_data(manifest["topology"])
+    out = []
+    for result in results:
+        cell = result["cell"]
+        if "strategy" not in cell.get("options", {}):
+            continue  # a user's own command: nothing to predict
+        warmup = manifest.get("warmup_steps", 0)
+        local = warmup_local(run_dir / "cells" / cell["id"], warmup, cell["options"].get("micro_batches", 1))
+        try:
+            out.append(predict_cell(topology, cell, calibration, ranks_per_node=result.get("ranks_per_node", 1),
+                                    warmup_steps=warmup, rtts=probe_rtts(result), local=local))
+        except (NoComputeProfile, KeyError):
+            continue
+    return out

@@ -1,0 +1,140 @@
+"""How a transport moves bytes: the parameters of one (gloo over TCP as measured here, or an NCCL-like
+transport for what-if at scale), TCP's window over a long round trip, and the time of a point-to-point
+transfer on one connection.
+
+gloo over TCP, as its source has it (gloo/allreduce.cc, gloo/transport/tcp/pair.cc): a ring all-reduce cuts
+the buffer into segments of at most 1 MiB with two in flight per neighbour, and a payload leaves only after
+the receiver's "recv ready" notification has arrived (a rendezvous: one extra one-way latency per segment
+when the receiver posts late). Over a long round trip that makes it app-limited: two segments per round trip,
+whatever the bandwidth. TCP (Linux): a connection starts with 10 segments of window, doubles it per round trip
+while it fills it, and after an idle period longer than the retransmission timeout halves it per timeout
+elapsed, down to the initial window (net.ipv4.tcp_slow_start_after_idle, on by default). Those are the
+protocols' own constants; what depends on the machine (per-operation software overhead, the rate of unshaped
+paths, the share of a shaped rate TCP payload gets, header bytes on the wire) is fitted by
+testbed.model.calibration from measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+PAYLOAD_PER_FRAME = 1448 / 1514  # TCP payload per full Ethernet frame at MTU 1500 (timestamps on)
+
+
+@dataclass(frozen=True)
+class Transport:
+    name: str = "gloo/tcp"
+    kind: str = "gloo"  # gloo: segmented ring with rendezvous (simulated); nccl: closed-form ring/tree
+    # protocol constants (gloo's source; Linux TCP defaults)
+    segment_bytes: int = 1 << 20
+    in_flight: int = 2
+    rendezvous: bool = True
+    mss: int = 1448
+    initial_window: int = 10  # segments
+    rto_min: float = 0.2  # seconds
+    slow_start_after_idle: bool = True
+    max_window: float = 128e6  # bytes (net.ipv4.tcp_wmem/rmem maximum the fabric sets, halved)
+    # fitted on this machine (defaults: a first guess, replaced by `testbed calibrate`)
+    op_overhead: float = 3e-4  # seconds per collective or transfer call (Python, dispatch, wake-ups)
+    message_overhead: float = 5e-5  # seconds per segment exchanged (copies, notifications)
+    local_bandwidth: float = 8e9  # bits/s of an unshaped path (CPU-bound copies between namespaces)
+    local_latency: float = 5e-5  # seconds one way on an unshaped path
+    efficiency: float = PAYLOAD_PER_FRAME  # payload rate / configured rate of a shaped link
+    late_receive: float = 0.0  # one-way latencies a receive posted after its send costs beyond the rendezvous
+    # (fitted from the benchmark's late send/recv: measured here, not explained by gloo's protocol alone)
+    restart_window: float = 1e12  # bytes: the window after an idle restart is at most this (fitted: measured cold
+    # transfers restart lower than the halving rule alone gives: app-limited windows, HyStart, delayed ACKs)
+    wire_overhead: float = 0.035  # kernel-counted bytes per payload byte, minus one (headers, ACKs, control)
+    fixed_bytes: float = 0.0  # kernel-counted bytes per cell besides its steps (process-group start-up)
+
+    def with_fit(self, **values: Any) -> Transport:
+        return replace(self, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Transport:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Connection:
+    """One TCP connection's send side: its window, when it last sent (None: fresh), and until when its byte
+    stream is busy (a payload queues behind the one before it on the same connection)."""
+
+    cwnd: float = 0.0
+    last: float | None = None
+    busy_until: float = 0.0
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One direction between two ranks: one-way latency (s), payload rate (bytes/s), round trip (s)."""
+
+    latency: float
+    rate: float
+    rtt: float
+    shaped: bool = True
+
+
+@dataclass
+class Connections:
+    """The TCP connections of a simulated run, by key (group, sender, receiver)."""
+
+    transport: Transport
+    table: dict[Any, Connection] = field(default_factory=dict)
+
+    def get(self, key: Any) -> Connection:
+        if key not in self.table:
+            self.table[key] = Connection(cwnd=self.transport.initial_window * self.transport.mss)
+        return self.table[key]
+
+
+def restart_window(transport: Transport, conn: Connection, now: float, rtt: float) -> None:
+    """Linux's tcp_cwnd_restart: after an idle period, halve the window per retransmission timeout elapsed."""
+    if not transport.slow_start_after_idle or conn.last is None:
+        return
+    initial = transport.initial_window * transport.mss
+    restart = min(initial, conn.cwnd)
+    idle = now - conn.last
+    rto = transport.rto_min + rtt
+    if idle <= rto:
+        return
+    while idle > rto and conn.cwnd > restart:
+        conn.cwnd /= 2
+        idle -= rto
+    conn.cwnd = max(min(conn.cwnd, transport.restart_window), restart)
+
+
+def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge, now: float) -> float:
+    """Seconds from the first to the last byte of `nbytes` leaving on `conn` (arrival: add edge.latency).
+    Slow start: each round sends a window and waits a round trip for its acknowledgements, doubling the
+    window while it is filled, until the window covers the bandwidth-delay product."""
+    if nbytes <= 0:
+        return 0.0
+    if not edge.shaped:
+        conn.last = conn.busy_until = now + nbytes / edge.rate
+        return nbytes / edge.rate
+    restart_window(transport, conn, now, edge.rtt)
+    bdp = edge.rate * edge.rtt
+    left, elapsed, window = float(nbytes), 0.0, conn.cwnd
+    while left > 0:
+        if window >= bdp:
+            elapsed += left / edge.rate
+            break
+        burst = min(window, left)
+        left -= burst
+        if left <= 0:
+            elapsed += burst / edge.rate
+            if burst >= window:
+                window = min(2 * window, transport.max_window)
+            break
+        elapsed += max(edge.rtt, burst / edge.rate)
+        window = min(2 * window, transport.max_window)
+    conn.cwnd = window
+    conn.last = now + elapsed
+    conn.busy_until = now + elapsed
+    return elapsed

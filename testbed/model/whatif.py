@@ -1,0 +1,283 @@
+"""What-if at real scale: predicted scaling efficiency of each strategy against the distance and the inter-DC
+bandwidth between two (or more) DCs, for a scenario file (testbed.spec.scenario).
+
+Closed forms, one per strategy, over: compute per step (6N + attention FLOPs per token over GPUs x peak x MFU,
+the single-site step), the gradient bytes, the inter-DC link's rate as the transport can use it (every group
+crossing it runs `channels` flows of at most `window` bytes in flight per round trip: NCCL's buffers or TCP's
+window), and its latency
+(fibre: 4.9 us per km one way). Efficiency = single-site step / step (NeMo's definition: the same job in one DC).
+The emulator validates the same structure cell by cell at small scale (testbed.model.strategies); these forms
+extrapolate it, and their assumptions are the scenario's, listed in its file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from testbed.model.collectives import ring_all_reduce_factor, windowed_rate
+from testbed.spec.scenario import Scenario, ScenarioStrategy
+from testbed.spec.units import fibre_delay
+
+BACKWARD_SHARE = 2 / 3
+
+
+@dataclass(frozen=True)
+class Point:
+    strategy: str
+    kind: str
+    distance_km: float
+    bandwidth_gbit: float
+    step_s: float
+    single_site_s: float
+    exposed_s: float
+    inter_dc_gbit_per_step: float
+    note: str = ""
+
+    @property
+    def efficiency(self) -> float:
+        return self.single_site_s / self.step_s
+
+
+def compute_seconds(s: Scenario) -> float:
+    """The single-site step: the step's training FLOPs over every GPU at its peak times the MFU."""
+    m = s.model
+    flops_per_token = 6 * m.parameters + 12 * m.layers * m.hidden * m.seq_len
+    gpus = s.gpus_per_dc * s.dcs
+    return flops_per_token * s.global_batch_tokens / (gpus * s.gpu.peak_tflops * 1e12 * s.gpu.mfu)
+
+
+def _rate(s: Scenario, bandwidth: float, rtt: float, streams: int) -> float:
+    """Payload bytes/s the transport gets across the inter-DC link."""
+    line = bandwidth / 8 * s.transport.efficiency
+    return windowed_rate(line, rtt, s.transport.window, streams)
+
+
+def _intra_allreduce_part(s: Scenario, nbytes: float, n: int, factor: float) -> float:
+    """A reduce-scatter (factor (n-1)/n) or all-gather inside a DC over n ranks at the per-GPU intra bandwidth."""
+    if n < 2:
+        return 0.0
+    return factor * nbytes / (s.intra.bandwidth / 8) + (n - 1) * (s.intra.latency + s.transport.intra_latency)
+
+
+def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwidth: float) -> Point:
+    latency = fibre_delay(distance)
+    rtt = 2 * latency
+    tc = compute_seconds(s)
+    m, par = s.model, s.parallelism
+    d = s.dcs
+    shard = m.parameters * m.bytes_per_gradient / (par.tp * par.pp)  # one DP rank's gradient bytes
+    n = s.replicas_per_dc
+    groups = par.tp * par.pp  # model-parallel shards, each with its own DP collectives, all at once
+    channels = strategy.channels or s.transport.channels
+    model_bytes = m.parameters * m.bytes_per_gradient
+    kind = strategy.kind
+    note = ""
+    if kind == "flat-dp":
+        g = n * d
+        per_direction = ring_all_reduce_factor(g) * model_bytes
+        latency_s = 2 * (g - 1) * latency / s.transport.depth
+        rate = _rate(s, bandwidth, rtt, groups * channels)  # every model-parallel shard's ring crosses
+        exposed = per_direction / rate + latency_s
+        step, link = tc + exposed, per_direction
+        note = f"ring of {g} ranks: {latency_s:.2f} s of latency steps"
+    elif kind in ("hier-dp", "hier-dp-overlap"):
+        rs = _intra_allreduce_part(s, shard, n, (n - 1) / n)
+        ag = rs
+        per_direction = ring_all_reduce_factor(d) * model_bytes  # every shard of every group crosses once
+        rate = _rate(s, bandwidth, rtt, n * groups * channels)
+        inter = per_direction / rate + 2 * (d - 1) * latency
+        if kind == "hier-dp":
+            exposed = rs + inter + ag
+        else:  # per bucket during backward; the last bucket's sync is exposed
+            window = BACKWARD_SHARE * tc
+            last = (rs + inter + ag) / strategy.buckets
+            exposed = max(last, rs + inter + ag - window * (1 - 1 / strategy.buckets))
+        step, link = tc + exposed, per_direction
+        note = f"inter-DC part {inter:.2f} s at {rate * 8 / 1e9:.0f} Gbit/s usable"
+    elif kind in ("pp-across", "pp-across-overlap"):
+        p, mb = par.pp, par.micro_batches
+        t_mb = tc / (mb + p - 1)  # one micro-batch's forward+backward on one stage (the single-site schedule)
+        pipelines = n * d  # the same replicas as on one site, each with its stages split across the DCs
+        act = s.global_batch_tokens / (pipelines * mb) * m.hidden * 2  # one micro-batch's activations, bf16
+        link = pipelines * mb * act  # per direction: activations one way, their gradients back
+        per_transfer = pipelines * act / _rate(s, bandwidth, rtt, pipelines * par.tp * channels)  # all at once
+        hop = latency + per_transfer
+        crossings = d - 1
+        if kind == "pp-across":  # 1F1B: each micro-batch's round trip over the boundary stalls the stage
+            stall = mb * 2 * hop * crossings
+        else:  # GeoPipe-like: enough micro-batches in flight to cover the round trip
+            lookahead = math.ceil(2 * hop / t_mb)
+            stall = 2 * hop * crossings + mb * max(0.0, 2 * hop - lookahead * t_mb) * crossings
+            note = f"lookahead {lookahead} micro-batches"
+        exposed = stall
+        step = tc + stall
+    elif kind in ("diloco", "streaming-diloco"):
+        per_direction = ring_all_reduce_factor(d) * model_bytes
+        rate = _rate(s, bandwidth, rtt, n * groups * channels)  # the outer all-reduce sharded over the DC
+        outer = per_direction / rate + 2 * (d - 1) * latency
+        h = strategy.inner_steps
+        if kind == "diloco":
+            exposed = outer / h
+        else:
+            frag = outer / strategy.fragments
+            exposed = strategy.fragments * max(0.0, frag - strategy.overlap_steps * tc) / h
+        step, link = tc + exposed, per_direction / h
+        note = f"outer sync {outer:.1f} s every {h} steps"
+    else:  # pragma: no cover - the scenario's schema lists the kinds
+        raise ValueError(kind)
+    return Point(strategy.name, kind, distance / 1e3, bandwidth / 1e9, step, tc, exposed, link * 8 / 1e9, note)
+
+
+def evaluate(s: Scenario) -> pd.DataFrame:
+    """Every strategy at every swept distance (at the reference bandwidth) and bandwidth (at the reference
+    distance), plus the full grid."""
+    rows = []
+    for strategy in s.strategies:
+        for distance in s.sweep.distance:
+            for bandwidth in s.sweep.bandwidth:
+                p = evaluate_point(s, strategy, distance, bandwidth)
+                rows.append({"strategy": p.strategy, "kind": p.kind, "distance_km": p.distance_km,
+                             "bandwidth_gbit": p.bandwidth_gbit, "rtt_ms": 2 * fibre_delay(distance) * 1e3,
+                             "step_s": p.step_s, "single_site_s": p.single_site_s, "efficiency": p.efficiency,
+                             "exposed_s": p.exposed_s, "inter_dc_gbit_per_step": p.inter_dc_gbit_per_step,
+                             "note": p.note})
+    return pd.DataFrame(rows)
+
+
+def bandwidth_for(s: Scenario, strategy: ScenarioStrategy, distance: float, target: float,
+                  high: float = 1e15) -> float | None:
+    """The least inter-DC bandwidth (bits/s) at which `strategy` keeps `target` efficiency at `distance`;
+    None if even `high` does not (latency- or window-bound)."""
+    if evaluate_point(s, strategy, distance, high).efficiency < target:
+        return None
+    low = 1e6
+    for _ in range(80):
+        mid = math.sqrt(low * high)
+        if evaluate_point(s, strategy, distance, mid).efficiency >= target:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def distance_for(s: Scenario, strategy: ScenarioStrategy, bandwidth: float, target: float,
+                 high: float = 2e7) -> float | None:
+    """The longest distance (m) at which `strategy` keeps `target` efficiency at `bandwidth`; None if not even
+    10 m does."""
+    if evaluate_point(s, strategy, 10.0, bandwidth).efficiency < target:
+        return None
+    if evaluate_point(s, strategy, high, bandwidth).efficiency >= target:
+        return high
+    low = 10.0
+    for _ in range(80):
+        mid = (low + high) / 2
+        if evaluate_point(s, strategy, mid, bandwidth).efficiency >= target:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def answers(s: Scenario) -> list[dict[str, Any]]:
+    """Per strategy, at the reference point: efficiency, the bandwidth the target needs at the reference
+    distance, and the distance it holds to at the reference bandwidth."""
+    ref_d, ref_b = s.reference["distance"], s.reference["bandwidth"]
+    out = []
+    for strategy in s.strategies:
+        p = evaluate_point(s, strategy, ref_d, ref_b)
+        need = bandwidth_for(s, strategy, ref_d, s.target_efficiency)
+        reach = distance_for(s, strategy, ref_b, s.target_efficiency)
+        out.append({"strategy": strategy.name, "efficiency": p.efficiency, "step_s": p.step_s,
+                    "bandwidth_for_target_gbit": None if need is None else need / 1e9,
+                    "distance_for_target_km": None if reach is None else reach / 1e3, "note": p.note})
+    return out
+
+
+def calculator_outer_seconds(s: Scenario, bandwidth: float) -> float:
+    """The published DiLoCo bandwidth calculators' outer-sync time: the flat-ring lower bound
+    (2N bytes / W)(1 - 1/R) with R replicas (here the DCs) and no latency or window term."""
+    model_bytes = s.model.parameters * s.model.bytes_per_gradient
+    return 2 * model_bytes / (bandwidth / 8) * (1 - 1 / s.dcs)
+
+
+CALCULATOR_TEXT = ("The calculators' outer synchronisation is the flat-ring bound (2N bytes / W)(1 - 1/R) with no "
+                   "latency term; ours adds the ring's round trips and the transport's window (flows x window / RTT "
+                   "caps the rate over a long link), so it needs more bandwidth for the same utilisation where the "
+                   "window, not the line, is the limit; at short distances the two agree.")
+
+
+def calculator_table(s: Scenario) -> pd.DataFrame:
+    """Compute utilisation of every DiLoCo strategy at the reference distance against bandwidth: ours and the
+    calculators' formula (plain DiLoCo: the outer sync in sequence with the inner steps)."""
+    rows = []
+    tc = compute_seconds(s)
+    for strategy in s.strategies:
+        if strategy.kind not in ("diloco", "streaming-diloco"):
+            continue
+        for bandwidth in s.sweep.bandwidth:
+            ours = evaluate_point(s, strategy, s.reference["distance"], bandwidth).efficiency
+            outer = calculator_outer_seconds(s, bandwidth)
+            if strategy.kind == "diloco":
+                theirs = tc / (tc + outer / strategy.inner_steps)
+            else:
+                frag = outer / strategy.fragments
+                theirs = tc / (tc + strategy.fragments * max(0.0, frag - strategy.overlap_steps * tc) /
+                               strategy.inner_steps)
+            rows.append({"strategy": strategy.name, "bandwidth_gbit": bandwidth / 1e9,
+                         "distance_km": s.reference["distance"] / 1e3, "utilisation_ours": ours,
+                         "utilisation_calculator_formula": theirs})
+    return pd.DataFrame(rows)
+
+
+def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+    """table.csv, answers.csv, efficiency.png (against distance and against bandwidth) and report.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out_dir / "table.csv", index=False)
+    ans = pd.DataFrame(answers(s))
+    ans.to_csv(out_dir / "answers.csv", index=False)
+    ref_d, ref_b = s.reference["distance"] / 1e3, s.reference["bandwidth"] / 1e9
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, group in table.groupby("strategy", sort=False):
+        at_b = group[(group["bandwidth_gbit"] - ref_b).abs() < 1e-9]
+        at_d = group[(group["distance_km"] - ref_d).abs() < 1e-9]
+        if not at_b.empty:
+            left.plot(at_b["distance_km"], at_b["efficiency"], marker="o", label=name)
+        if not at_d.empty:
+            right.plot(at_d["bandwidth_gbit"], at_d["efficiency"], marker="o", label=name)
+    for ax, xlabel, title in ((left, "distance between DCs (km)", f"at {ref_b:g} Gbit/s between DCs"),
+                              (right, "inter-DC bandwidth (Gbit/s)", f"at {ref_d:g} km")):
+        ax.axhline(s.target_efficiency, color="grey", lw=0.8, ls="--")
+        ax.set(xlabel=xlabel, ylabel="scaling efficiency vs one site", title=title, ylim=(0, 1.02))
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    right.legend(fontsize=7)
+    fig.suptitle(f"{s.name}: predicted efficiency (dashed: {s.target_efficiency:.0%})")
+    fig.tight_layout()
+    fig.savefig(out_dir / "efficiency.png", dpi=100)
+    plt.close(fig)
+    beside = calculator_table(s)
+    if not beside.empty:
+        beside.to_csv(out_dir / "calculator.csv", index=False)
+    md = [f"# what-if: {s.name}", "", s.description.strip(), "",
+          f"Single-site step: {compute_seconds(s):.2f} s ({s.gpus_per_dc} GPUs per DC x {s.dcs} DCs, "
+          f"{s.gpu.peak_tflops:g} TFLOP/s at MFU {s.gpu.mfu:.0%}).", "",
+          "## Answers at the reference point", "", ans.to_markdown(index=False, floatfmt=".3g"), "",
+          "## Published", "", *[f"- `{k}`: {v}" for k, v in s.published.items()], "",
+          "## Assumed", "", *[f"- `{k}`: {v}" for k, v in s.assumed.items()], "",
+          "![efficiency](efficiency.png)", ""]
+    if not beside.empty:
+        md += ["## Beside the DiLoCo bandwidth calculators", "", CALCULATOR_TEXT, "",
+               beside.to_markdown(index=False, floatfmt=".3g"), ""]
+    (out_dir / "report.md").write_text("\n".join(md))
+    return {"table": out_dir / "table.csv", "answers": out_dir / "answers.csv", "plot": out_dir / "efficiency.png",
+            "report": out_dir / "report.md"}

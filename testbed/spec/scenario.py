@@ -1,0 +1,149 @@
+"""A what-if scenario file: training at a scale no laptop can emulate (model, GPUs per DC, GPU speed and MFU,
+intra- and inter-DC links, parallelism, the collective transport), the strategies to compare, the distances and
+inter-DC bandwidths to sweep, and which of its numbers are published and which assumed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from testbed.spec import units
+from testbed.spec.loader import load_model
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelShape(_Strict):
+    parameters: float = Field(gt=0)  # count
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    bytes_per_gradient: float = Field(2.0, gt=0)  # bf16
+
+
+class GPU(_Strict):
+    peak_tflops: float = Field(gt=0)
+    mfu: float = Field(gt=0, le=1)  # achieved on one site, pipeline bubble and intra-DC communication included
+
+
+class Link(_Strict):
+    bandwidth: float  # bits/s per GPU (intra) or between the two DCs, each direction (inter)
+    latency: float = 0.0  # one-way seconds
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _rate(cls, value: Any) -> float:
+        return units.parse_rate(value)
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _latency(cls, value: Any) -> float:
+        return units.parse_duration(value)
+
+
+class Parallelism(_Strict):
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    micro_batches: int = Field(1, ge=1)  # per step and pipeline
+
+
+class Transport(_Strict):
+    """The collectives' transport between DCs: NCCL-like ring over RDMA, or TCP. Each flow keeps at most
+    `window` bytes in flight (NCCL: its buffer per channel; TCP: the socket window); every collective group
+    crossing the link runs `channels` flows at once; payload gets `efficiency` of the line rate; `depth` ring
+    steps are pipelined (a flat ring over a long link pays 2(g-1)/depth one-way latencies)."""
+
+    kind: Literal["nccl-ring", "tcp"] = "nccl-ring"
+    window: float = 4e6  # bytes
+    channels: int = Field(2, ge=1)
+    efficiency: float = Field(0.9, gt=0, le=1)
+    depth: int = Field(8, ge=1)
+    intra_latency: float = 5e-6
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, value: Any) -> float:
+        return units.parse_size(value) if isinstance(value, str) else float(value)
+
+    @field_validator("intra_latency", mode="before")
+    @classmethod
+    def _intra(cls, value: Any) -> float:
+        return units.parse_duration(value)
+
+
+class ScenarioStrategy(_Strict):
+    name: str
+    kind: Literal["flat-dp", "hier-dp", "hier-dp-overlap", "pp-across", "pp-across-overlap", "diloco",
+                  "streaming-diloco"]
+    inner_steps: int = Field(100, ge=1)  # DiLoCo H
+    fragments: int = Field(1, ge=1)  # streaming DiLoCo
+    overlap_steps: int = Field(1, ge=0)  # streaming DiLoCo tau
+    buckets: int = Field(40, ge=1)  # hier-dp-overlap: the last bucket's sync cannot hide behind backward
+    channels: int | None = Field(None, ge=1)  # flows per crossing group (default: the transport's)
+
+
+class Sweep(_Strict):
+    distance: list[float] = Field(min_length=1)  # metres
+    bandwidth: list[float] = Field(min_length=1)  # bits/s
+
+    @field_validator("distance", mode="before")
+    @classmethod
+    def _distances(cls, value: Any) -> list[float]:
+        return [units.parse_distance(v) for v in value]
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _rates(cls, value: Any) -> list[float]:
+        return [units.parse_rate(v) for v in value]
+
+
+class Scenario(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    description: str = ""
+    model: ModelShape
+    dcs: int = Field(2, ge=2)
+    gpus_per_dc: int = Field(ge=1)
+    global_batch_tokens: float = Field(gt=0)
+    gpu: GPU
+    parallelism: Parallelism = Parallelism()
+    intra: Link
+    transport: Transport = Transport()
+    reference: dict[str, Any]  # {distance, bandwidth}: where the per-strategy answers are read
+    sweep: Sweep
+    strategies: list[ScenarioStrategy] = Field(min_length=1)
+    target_efficiency: float = Field(0.96, gt=0, le=1)
+    published: dict[str, str] = {}  # field -> source
+    assumed: dict[str, str] = {}  # field -> why this value
+
+    @field_validator("reference", mode="before")
+    @classmethod
+    def _reference(cls, value: Any) -> dict[str, float]:
+        if not isinstance(value, dict) or set(value) != {"distance", "bandwidth"}:
+            raise ValueError("give distance and bandwidth")
+        return {"distance": units.parse_distance(value["distance"]), "bandwidth": units.parse_rate(value["bandwidth"])}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        per_replica = self.parallelism.tp * self.parallelism.pp
+        if self.gpus_per_dc % per_replica:
+            raise ValueError(f"gpus_per_dc: {self.gpus_per_dc} is not a multiple of tp x pp = {per_replica}")
+        names = [s.name for s in self.strategies]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise ValueError(f"strategies[{index}].name: duplicate {name!r}")
+        if not self.published or not self.assumed:
+            raise ValueError("published/assumed: say which numbers are published (and where) and which are assumed")
+        return self
+
+    @property
+    def replicas_per_dc(self) -> int:
+        return self.gpus_per_dc // (self.parallelism.tp * self.parallelism.pp)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load a scenario file; raises SpecError (one line naming file and field) when it is unusable."""
+    return load_model(Scenario, path)

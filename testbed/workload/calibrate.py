@@ -1,0 +1,158 @@
+"""Calibration micro-benchmarks, run as every rank across the emulated DCs (`python -m testbed.workload.calibrate`).
+
+What the cost model (testbed.model) needs measured rather than assumed: how long this transport's collectives
+and point-to-point transfers take over the real links, at a few sizes, after an idle gap (as between training
+steps: TCP restarts its window after an idle period) and back to back; and how long one micro-batch's forward
+and backward take while every rank computes at once. One JSON line per rank and measurement goes to
+$TESTBED_METRICS_DIR/calib<r>.jsonl; times are CLOCK_MONOTONIC (shared by every namespace of one host), so the
+fit can take an operation from the moment the last rank entered it to the moment the last rank left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SIZES = (4096, 262144, 2097152, 8388608)
+LATE_S = 0.05  # how late the receive of a "late" send/recv is posted
+
+
+def _records_file(rank: int) -> Path:
+    directory = Path(os.environ.get("TESTBED_METRICS_DIR", "."))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"calib{rank}.jsonl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m testbed.workload.calibrate",
+                                     description="Collective and compute micro-benchmarks for the cost model.")
+    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes per operation")
+    parser.add_argument("--reps", type=int, default=2, help="repetitions of each measurement")
+    parser.add_argument("--idle-s", type=float, default=0.5, help="idle gap before a 'cold' measurement (s)")
+    parser.add_argument("--lanes", type=int, default=4, help="concurrent inter-DC all-reduces to measure")
+    parser.add_argument("--preset", default=None, help="model preset to profile forward+backward of (none: skip)")
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--compute-reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+
+    import torch
+    import torch.distributed as dist
+
+    from testbed.workload.groups import build_groups
+    from testbed.workload.layout import layout_from_env
+
+    layout = layout_from_env()
+    torch.set_num_threads(max(1, int(os.environ.get("TESTBED_THREADS_PER_RANK", "1"))))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("TESTBED_PG_TIMEOUT", "300"))))
+    groups = build_groups(layout, lanes=args.lanes)
+    out = open(_records_file(layout.rank), "w", buffering=1)
+
+    def record(**fields) -> None:
+        out.write(json.dumps({"rank": layout.rank, "dc": layout.dc, **fields}) + "\n")
+
+    record(event="start", dc_sizes=list(layout.dc_sizes), world=layout.world, lanes=args.lanes,
+           inter_ranks=groups.inter_ranks, intra_ranks=groups.intra_ranks, sizes=sizes)
+
+    def timed(op: str, nbytes: int, rep: int, mode: str, fn, **extra) -> None:
+        dist.barrier()
+        if mode == "cold":
+            time.sleep(args.idle_s)
+        start = time.monotonic()
+        fn()
+        end = time.monotonic()
+        record(event="op", op=op, bytes=nbytes, rep=rep, mode=mode, start=start, end=end, **extra)
+
+    world_ranks = list(range(layout.world))
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        for rep in range(args.reps):
+            for mode in ("cold", "warm"):
+                flat = torch.ones(n)
+                timed("all_reduce", nbytes, rep, mode, lambda flat=flat: dist.all_reduce(flat), group="world",
+                      ranks=world_ranks)
+                if layout.num_dcs > 1 and len(groups.inter_ranks) > 1:
+                    one = torch.ones(n)
+                    timed("all_reduce", nbytes, rep, mode, lambda one=one: dist.all_reduce(one, group=groups.inter),
+                          group="inter", ranks=groups.inter_ranks, concurrency=1)
+                    lanes = len(groups.lanes)
+                    if lanes > 1:
+                        pieces = list(torch.ones(max(lanes, n)).chunk(lanes))
+
+                        def concurrent(pieces: list = pieces) -> None:
+                            works = [dist.all_reduce(piece, group=lane, async_op=True)
+                                     for piece, lane in zip(pieces, groups.lanes)]
+                            for work in works:
+                                work.wait()
+
+                        timed("all_reduce", nbytes, rep, mode, concurrent, group="inter", ranks=groups.inter_ranks,
+                              concurrency=lanes)
+                if len(groups.intra_ranks) > 1:
+                    g = len(groups.intra_ranks)
+                    full = torch.ones(max(g, n - n % g))
+                    shard = torch.empty(full.numel() // g)
+                    timed("reduce_scatter", full.numel() * 4, rep, mode,
+                          lambda shard=shard, full=full, g=g: dist.reduce_scatter(shard, list(full.chunk(g)),
+                                                                                   group=groups.intra),
+                          group="intra", ranks=groups.intra_ranks)
+                    gathered = torch.empty(full.numel())
+                    timed("all_gather", shard.numel() * 4, rep, mode,
+                          lambda gathered=gathered, shard=shard: dist.all_gather_into_tensor(gathered, shard,
+                                                                                           group=groups.intra),
+                          group="intra", ranks=groups.intra_ranks)
+                for dc in range(layout.num_dcs - 1):  # stage boundaries of a pipeline: DC d -> DC d + 1
+                    src, dst = layout.dc_start(dc), layout.dc_start(dc + 1)
+                    payload = torch.ones(n)
+                    ack = torch.zeros(1)
+
+                    def exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
+                        if layout.rank == src:
+                            dist.send(payload, dst)
+                            dist.recv(ack, dst)
+                        elif layout.rank == dst:
+                            dist.recv(payload, src)
+                            dist.send(ack, src)
+
+                    timed("send_recv", nbytes, rep, mode, exchange, group="p2p", ranks=[src, dst], pair=dc)
+
+                    def late_exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
+                        # the receive posted after the send (a pipeline's pattern)
+                        if layout.rank == src:
+                            dist.send(payload, dst)
+                            dist.recv(ack, dst)
+                        elif layout.rank == dst:
+                            time.sleep(LATE_S)
+                            dist.recv(payload, src)
+                            dist.send(ack, src)
+
+                    timed("send_recv_late", nbytes, rep, mode, late_exchange, group="p2p", ranks=[src, dst], pair=dc,
+                          late_s=LATE_S)
+
+    if args.preset:
+        import dataclasses
+
+        from testbed.workload.compute import measure_compute_seconds
+        from testbed.workload.model import PRESETS
+
+        cfg = PRESETS[args.preset]
+        if args.seq_len:
+            cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
+        dist.barrier()
+        seconds = measure_compute_seconds(cfg, args.micro_batch, repeats=args.compute_reps)
+        record(event="compute", preset=args.preset, micro_batch=args.micro_batch, seq_len=cfg.seq_len,
+               seconds=seconds, concurrent_ranks=layout.world)
+    dist.barrier()
+    out.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

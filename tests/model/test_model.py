@@ -1,0 +1,252 @@
+"""The cost model without root or torch: closed forms against hand-computed cases, the simulated transport
+against recorded measurements, calibration fitting, `plan --json`'s shape, what-if scenarios."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.model import shapes
+from testbed.model.calibration import Calibration, fit, fit_transport, predict_samples, samples_from_records
+from testbed.model.collectives import (
+    MESSAGE_BYTES,
+    Sim,
+    gloo_all_reduce,
+    gloo_segments,
+    hierarchical_link_ratio,
+    ring_all_reduce_factor,
+)
+from testbed.model.network import build_network
+from testbed.model.predict import predict_cell
+from testbed.model.strategies import CellModel, _all_reduce_bytes, pipeline
+from testbed.model.transport import Connection, Edge, Transport, send_time
+from testbed.plan.cells import plan_cells
+from testbed.spec.experiment import load_experiment
+from testbed.spec.strategies import Options
+from testbed.spec.topology import topology_from_data
+
+from ..conftest import ROOT
+
+DATA = Path(__file__).parent / "data"
+IDEAL = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0, local_bandwidth=1e15)
+
+
+def two_dc(nodes: int = 2, latency: float = 0.0, bandwidth: float | None = None, dcs: int = 2):
+    names = [f"d{i}" for i in range(dcs)]
+    topology = topology_from_data({"name": "t", "dcs": [{"name": n, "nodes": nodes} for n in names],
+                                   "links": [{"between": [a, b], "latency": latency, "bandwidth": bandwidth}
+                                             for a, b in itertools.pairwise(names)]})
+    links = {}
+    for a, b in itertools.pairwise(names):
+        links[f"{a}->{b}"] = links[f"{b}->{a}"] = {"latency": latency, "bandwidth": bandwidth}
+    return topology, build_network(topology, links)
+
+
+# --- closed forms ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,dcs", [(2, 2), (4, 2), (2, 3), (8, 4)])
+def test_hierarchical_link_bytes_are_n_D_minus_1_over_Dn_minus_1_of_flat(n, dcs):
+    _, net = two_dc(n, 0.01, 1e9, dcs)
+    nbytes = 4 * 2 ** 20 * n * dcs  # divisible: gloo's segments come out equal
+    flat = sum(_all_reduce_bytes(net, list(range(net.world)), nbytes, IDEAL).values())
+    hier = n * sum(_all_reduce_bytes(net, net.inter_groups()[0], nbytes // n, IDEAL).values())
+    assert hier / flat == pytest.approx(n * (dcs - 1) / (dcs * n - 1), rel=2e-3)  # messages' headers aside
+    assert hierarchical_link_ratio(n, dcs) == pytest.approx(n * (dcs - 1) / (dcs * n - 1))
+    assert hierarchical_link_ratio(2, 2) == pytest.approx(2 / 3)
+
+
+def test_ring_all_reduce_puts_2_g_minus_1_over_g_on_every_crossing_edge():
+    _, net = two_dc(2, 0.01, 1e9)
+    nbytes = 8 * 2 ** 20
+    per_direction = _all_reduce_bytes(net, [0, 1, 2, 3], nbytes, IDEAL)
+    assert set(per_direction) == {"d0->d1", "d1->d0"}
+    for value in per_direction.values():  # one ring edge crosses each way: 2 x 6 segments of 1 MiB, with headers
+        assert value == ring_all_reduce_factor(4) * nbytes + 12 * MESSAGE_BYTES
+
+
+def test_gloo_segments_follow_gloo_allreduce():
+    assert gloo_segments(40_000_000, 2) == (40, 1_000_000)  # ceil(40e6 / 1 MiB) = 39, rounded up to 2 ranks
+    assert gloo_segments(4, 2) == (4, 4)  # at least 2 segments per rank, a float each
+    assert gloo_segments(3 * 2 ** 20, 4) == (8, 393216)
+
+
+@pytest.mark.parametrize("p,m", [(3, 6), (4, 8), (2, 1)])
+def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(p, m):
+    """Every stage starting together (the first step), the step lasting until the first stage's last backward:
+    the share of the step a stage does not compute is the classic (p-1)/(m+p-1). (The workload's bubble_ratio
+    counts each rank up to its own last operation, so later stages count less: the model reports that one.)"""
+    _topology, net = two_dc(1, 0.0, None, dcs=p)
+    opts = Options(strategy="pp", schedule="1f1b", micro_batches=m, steps=1, synthetic=True, compute_ms=90,
+                   preset="small")
+    prediction = pipeline(CellModel(opts, net, IDEAL, 0.09))
+    assert 1 - prediction.compute_s / prediction.step_s == pytest.approx((p - 1) / (m + p - 1), rel=1e-6)
+    assert prediction.bubble_ratio < (p - 1) / (m + p - 1)
+
+
+def test_diloco_bytes_per_step_fall_by_h():
+    topology, _ = two_dc(2, 0.01, 1e9)
+    links = {"d0->d1": {"latency": 0.01, "bandwidth": 1e9}, "d1->d0": {"latency": 0.01, "bandwidth": 1e9}}
+    base = {"strategy": "diloco", "steps": 100, "synthetic": True, "compute_ms": 10.0}
+    figures = {}
+    for h in (1, 10, 50):
+        cell = {"id": f"h{h}", "strategy": "diloco", "options": {**base, "inner_steps": h}, "links": links}
+        figures[h] = predict_cell(topology, cell, Calibration(IDEAL)).prediction.inter_dc_bytes
+    assert figures[1] / figures[10] == pytest.approx(10)
+    assert figures[1] / figures[50] == pytest.approx(50)
+
+
+def test_parameter_count_of_presets():
+    # the tiny preset by hand: embedding 256x64 + 64x64; 4 blocks of 12 d^2 + 13 d; head 2 d + 64x256
+    d = 64
+    assert shapes.parameter_count(shapes.PRESETS["tiny"]) == 256 * d + 64 * d + 4 * (12 * d * d + 13 * d) + 2 * d + d * 256
+    assert shapes.buckets(shapes.PRESETS["tiny"], 1000) == [shapes.parameter_count(shapes.PRESETS["tiny"])]
+
+
+# --- transport -----------------------------------------------------------------------------------------------------
+
+def test_slow_start_takes_a_round_trip_per_doubling():
+    t = Transport()
+    edge = Edge(latency=0.02, rate=125e6, rtt=0.04)
+    conn = Connection(cwnd=10 * 1448)
+    nbytes = 10 * 1448 * (1 + 2 + 4 + 8)  # four windows: three full round trips, then the last burst
+    elapsed = send_time(t, conn, nbytes, edge, 0.0)
+    assert elapsed == pytest.approx(3 * 0.04 + 8 * 10 * 1448 / 125e6)
+    assert conn.cwnd == 16 * 10 * 1448
+    # idle for longer than two retransmission timeouts (0.2 s + RTT): the window halves twice (not below 10)
+    send_time(t, conn, 1, edge, conn.last + 2 * (0.2 + 0.04) + 0.01)
+    assert conn.cwnd == 4 * 10 * 1448
+
+
+def test_gloo_all_reduce_matches_the_recorded_2_rank_figures():
+    """shared/notes/links-without-netem.md: a 40 MB all-reduce between 2 ranks over 1 Gbit/s took 0.335, 0.435,
+    0.556 and 1.02 s at 0, 5, 10 and 20 ms one way (plain alpha-beta: 0.335 to 0.375 s). The simulated protocol
+    (1 MiB segments, two in flight, rendezvous, slow start) reaches them within 15 % with no fitted parameter."""
+    for latency, measured in ((0.0, 0.335), (0.005, 0.435), (0.01, 0.556), (0.02, 1.02)):
+        _, net = two_dc(1, latency, 1e9)
+        sim = Sim(net, dataclasses.replace(IDEAL, local_bandwidth=1e9 / Transport().efficiency))
+        cold = gloo_all_reduce(sim, [0, 1], 40_000_000, 0.0, "x")
+        warm = gloo_all_reduce(sim, [0, 1], 40_000_000, cold, "x") - cold
+        assert warm == pytest.approx(measured, rel=0.15), latency
+        alpha_beta = 2 * latency + 40e6 * 8 / 1e9
+        if latency >= 0.01:
+            assert abs(warm - measured) < abs(alpha_beta - measured)
+
+
+# --- calibration ---------------------------------------------------------------------------------------------------
+
+def test_fit_recovers_the_parameters_that_made_the_measurements():
+    _, net = two_dc(2, 0.005, 1e9)
+    truth = Transport(op_overhead=1e-3, message_overhead=1e-4, local_bandwidth=10 ** 9.5, efficiency=0.8,
+                      late_receive=1.0)
+    samples = [{"op": op, "group": group, "bytes": nbytes, "concurrency": c, "mode": mode, "rep": 0, "pair": 0}
+               for op, group, c in (("all_reduce", "world", 1), ("all_reduce", "inter", 1), ("all_reduce", "inter", 4),
+                                    ("reduce_scatter", "intra", 1), ("all_gather", "intra", 1),
+                                    ("send_recv", "p2p", 1), ("send_recv_late", "p2p", 1))
+               for nbytes in (4096, 262144, 4 * 2 ** 20) for mode in ("cold", "warm")]
+    for sample, seconds in zip(samples, predict_samples(net, truth, samples)):
+        sample["seconds"] = seconds
+    fitted, summary = fit_transport(net, samples)
+    assert summary["median_abs_error"] < 0.01
+    assert fitted.efficiency == pytest.approx(0.8, abs=0.03)
+    assert fitted.op_overhead == pytest.approx(1e-3, abs=3e-4)
+    assert fitted.late_receive == 1.0
+
+
+def test_fit_on_recorded_measurements():
+    """Measured here (2 DCs x 2 nodes, 2 ms one way, 1 Gbit/s, userspace delay line, a busy 2-core machine):
+    the fit explains most operations and learns the kernel's byte overhead from the link counters."""
+    measured = json.loads((DATA / "measured-2x2-2ms.json").read_text())
+    topology, _ = two_dc(2, 0.002, 1e9)
+    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
+                                   "links": [{"between": ["east", "west"], "latency": "2ms", "bandwidth": "1gbit"}]})
+    calibration = fit(topology, measured)
+    assert calibration.fit["samples"] == len(samples_from_records(measured["records"])) == 24
+    assert calibration.fit["median_abs_error"] < 0.3
+    assert 0.0 < calibration.transport.wire_overhead < 0.1  # headers and ACKs: a few per cent
+    assert 0.3 <= calibration.transport.efficiency <= 1.0
+
+
+# --- plan and what-if ------------------------------------------------------------------------------------------------
+
+def test_plan_json_has_every_cell_of_the_run_and_the_best_per_point():
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/hierarchical-vs-flat.yaml",
+                           "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    experiment, topology = load_experiment(ROOT / "experiments" / "hierarchical-vs-flat.yaml")
+    assert [c["cell"] for c in result["cells"]] == [c.id for c in plan_cells(experiment, topology)]
+    for cell in result["cells"]:
+        assert {"cell", "strategy", "step_s_predicted", "tokens_per_s_predicted"} <= set(cell)
+        assert cell["step_s_predicted"] > 0 and cell["tokens_per_s_predicted"] > 0
+        if not cell["baseline"]:  # bytes per link direction, both ways across the one link
+            assert set(cell["link_bytes_predicted"]) == {"east->west", "west->east"}
+    assert set(result["best"]) == {f"links[east,west].latency={v}" for v in ("0ms", "5ms", "10ms", "20ms")}
+    assert set(result["best"].values()) <= {"flat-dp", "hier-dp", "hier-dp-overlap"}
+
+
+def test_plan_refuses_real_compute_without_a_profile_and_a_bad_calibration(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/quickstart.yaml"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and "testbed calibrate" in proc.stderr
+    bad = tmp_path / "cal.json"
+    bad.write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/quickstart.yaml",
+                           "--calibration", str(bad)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and f"{bad}: format" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["nemotron-340b-two-dc", "diloco-bandwidth", "geopipe-pipeline"])
+def test_whatif_scenarios_give_a_table_and_a_plot_in_seconds(name, tmp_path):
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "whatif", f"scenarios/{name}.yaml", "--out",
+                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 15  # 5 s on a quiet machine; this one is shared
+    assert (tmp_path / "efficiency.png").stat().st_size > 10_000
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert ((table["efficiency"] > 0) & (table["efficiency"] <= 1.0 + 1e-9)).all()
+    report = (tmp_path / "report.md").read_text()
+    assert "## Published" in report and "## Assumed" in report
+
+
+def test_whatif_efficiency_falls_with_distance_and_rises_with_bandwidth():
+    from testbed.model.whatif import evaluate_point
+    from testbed.spec.scenario import load_scenario
+
+    s = load_scenario(ROOT / "scenarios" / "nemotron-340b-two-dc.yaml")
+    for strategy in s.strategies:
+        near, far = (evaluate_point(s, strategy, d, 1.6e12).efficiency for d in (1e4, 4e6))
+        thin, fat = (evaluate_point(s, strategy, 1e6, b).efficiency for b in (1e11, 1.28e13))
+        assert near >= far and fat >= thin
+
+
+def test_a_scenario_without_sources_is_refused(tmp_path):
+    text = (ROOT / "scenarios" / "nemotron-340b-two-dc.yaml").read_text().split("published:")[0]
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "whatif", str(path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and str(path) in proc.stderr and "published" in proc.stderr
+
+
+def test_plan_search_recommends_a_configuration_per_point():
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/pipeline-across-dcs.yaml",
+                           "--json", "--search"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    search = json.loads(proc.stdout)["search"]
+    assert set(search) == {"links[*].latency=5ms", "links[*].latency=20ms"}
+    for found in search.values():
+        ranked = [c["tokens_per_s_predicted"] for c in found["top"]]
+        assert ranked == sorted(ranked, reverse=True) and found["candidates"] >= 8
+        assert not found["recommended"]["caveat"]  # the recommendation keeps the algorithm and the batch
+        # at 5-20 ms between stages, keeping micro-batches in flight across the link beats waiting for them
+        assert found["recommended"]["options"]["schedule"] == "overlap"
