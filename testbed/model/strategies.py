@@ -94,6 +94,11 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _measured(m: CellModel, per_step: list[float]) -> float:
+    """The mean of a per-step figure over the steps the collectors count (warm-up steps left out)."""
+    return _mean([per_step[i] for i in m.measured_steps])
+
+
 def _ring_bytes(net: Network, ranks: list[int], total: int, phases: tuple[str, ...], segment: int) -> dict[str, float]:
     """Bytes per link direction of gloo's ring over `ranks`: the segments as gloo cuts them, each with its
     messages' overhead."""
@@ -159,9 +164,8 @@ def flat_dp(m: CellModel) -> Prediction:
         comms.append(end - clock)
         clock = end
         walls.append(clock - begin)
-    steps = list(m.measured_steps)
-    exposed = _mean([comms[i] for i in steps])
-    return Prediction("flat-dp", _mean([walls[i] for i in steps]), compute, exposed,
+    exposed = _measured(m, comms)
+    return Prediction("flat-dp", _measured(m, walls), compute, exposed,
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
                       explain=f"exposed communication is the ring all-reduce of {4 * numel / 1e6:.2f} MB over all "
                               f"{net.world} ranks: {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
@@ -196,10 +200,9 @@ def hier_dp(m: CellModel) -> Prediction:
         comms.append(end - clock)
         clock = end
         walls.append(clock - begin)
-    steps = list(m.measured_steps)
-    exposed = _mean([comms[i] for i in steps])
+    exposed = _measured(m, comms)
     n = min(net.sizes)
-    return Prediction("hier-dp", _mean([walls[i] for i in steps]), compute, exposed,
+    return Prediction("hier-dp", _measured(m, walls), compute, exposed,
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
                       explain=f"exposed communication is the reduce-scatter in the DC, the all-reduce of a "
                               f"{4 * numel / n / 1e6:.2f} MB shard across DCs ({n} groups at once) and the all-gather: "
@@ -259,9 +262,8 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
         comms.append(end - compute_end)
         clock = end
         walls.append(clock - begin)
-    steps = list(m.measured_steps)
-    exposed = _mean([comms[i] for i in steps])
-    return Prediction("hier-dp-overlap", _mean([walls[i] for i in steps]), compute, exposed,
+    exposed = _measured(m, comms)
+    return Prediction("hier-dp-overlap", _measured(m, walls), compute, exposed,
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
                       explain=f"{len(buckets)} buckets, each shard's all-reduce across DCs cut into {chunks} chunks on "
                               f"{lanes} lanes and started during backward: {exposed * 1e3:.0f} ms left exposed after "
@@ -374,12 +376,11 @@ def pipeline(m: CellModel) -> Prediction:
         bubbles.append(sum(bubble_step) / p)
         spans.append(sum(span) / p)
         exposed_all.append(sum(exposed_step) / p)
-    steps = list(m.measured_steps)
     compute = m.compute_s * mb * max(runs) / p
-    bubble, span = _mean([bubbles[i] for i in steps]), _mean([spans[i] for i in steps])
+    bubble, span = _measured(m, bubbles), _measured(m, spans)
     tokens = pipelines * opts.micro_batch * mb * cfg.seq_len
     hops = sum(net.path(s, s + 1).latency for s in range(p - 1))
-    return Prediction("pp", _mean([walls[i] for i in steps]), compute, _mean([exposed_all[i] for i in steps]),
+    return Prediction("pp", _measured(m, walls), compute, _measured(m, exposed_all),
                       bubble, span, tokens, link,
                       explain=f"{opts.schedule} over {p} stages, {mb} micro-batches: bubble {bubble * 1e3:.0f} ms of a "
                               f"{span * 1e3:.0f} ms pipeline ({bubble / span:.0%}); the stage chain crosses "
@@ -427,8 +428,7 @@ def diloco(m: CellModel) -> Prediction:
             per_step_link = _scaled(link, 1 / h)
         walls.append(clock - begin)
         comms.append(clock - begin - compute)
-    steps = list(m.measured_steps)
-    return Prediction(opts.strategy, _mean([walls[i] for i in steps]), compute, _mean([comms[i] for i in steps]),
+    return Prediction(opts.strategy, _measured(m, walls), compute, _measured(m, comms),
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=per_step_link,
                       explain=f"an outer synchronisation every {h} steps costs {outer_cost * 1e3:.0f} ms, "
                               f"{outer_cost / h * 1e3:.1f} ms per step amortised")
@@ -465,8 +465,7 @@ def streaming_diloco(m: CellModel) -> Prediction:
             in_flight.remove(item)
         walls.append(clock - begin)
         comms.append(clock - begin - compute)
-    steps = list(m.measured_steps)
-    return Prediction("streaming-diloco", _mean([walls[i] for i in steps]), compute, _mean([comms[i] for i in steps]),
+    return Prediction("streaming-diloco", _measured(m, walls), compute, _measured(m, comms),
                       tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches),
                       link_bytes=_scaled(link_total, 1 / opts.steps),
                       explain=f"{count} fragments synchronised in turn every {period} steps, each hidden behind "
