@@ -27,6 +27,12 @@ def print_plan(plan: Any, out: Console, requested_shaper: str, options: Any) -> 
     raise TypeError(f"no table for a {type(plan).__name__}")
 
 
+def _delay_text(line: Any) -> str:
+    """A delay line's direction as the plan tables show it: latency ±jitter loss."""
+    return (f"{units.format_duration(line.latency)} ±{units.format_duration(line.jitter)} "
+            f"loss {units.format_fraction(line.loss)}")
+
+
 @print_plan.register
 def _(plan: NetworkPlan, out: Console, requested_shaper: str, options: Any) -> None:
     out.print(f"[bold]plan[/bold] {plan.topology}: shaper {plan.shaper}, prefix {plan.prefix!r}")
@@ -47,8 +53,7 @@ def _(plan: NetworkPlan, out: Console, requested_shaper: str, options: Any) -> N
     for end in plan.link_ends:
         line = end.shaping.delay_line
         table.add_row(end.key, f"{end.ns}/{end.ifname}", "\n".join(o.describe() for o in end.shaping.tc) or "-",
-                      f"{units.format_duration(line.latency)} ±{units.format_duration(line.jitter)} "
-                      f"loss {units.format_fraction(line.loss)}" if line else "-",
+                      _delay_text(line) if line else "-",
                       ", ".join(end.shaping.not_applied) or "-")
     out.print(table)
     if requested_shaper == "auto":
@@ -62,8 +67,7 @@ def _(plan: HostsPlan, out: Console, requested_shaper: str, options: Any) -> Non
     table = Table("node", "host", "address", "interface", "workdir", "commands (run over SSH)", "delay line",
                   title="hosts")
     for item in plan.hosts:
-        lines = [f"{d.key} from {','.join(d.sources)}: {units.format_duration(d.latency)} "
-                 f"±{units.format_duration(d.jitter)} loss {units.format_fraction(d.loss)}" for d in item.delay_line]
+        lines = [f"{d.key} from {','.join(d.sources)}: {_delay_text(d)}" for d in item.delay_line]
         table.add_row(item.node.name, item.host.name, item.host.address, item.host.interface, item.workdir,
                       "\n".join(("sudo -n " if item.host.sudo else "") + shlex.join(c) for c in item.apply),
                       "\n".join(lines) or "-")
