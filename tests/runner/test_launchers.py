@@ -90,20 +90,35 @@ def _forkservers() -> list[int]:
     return pids
 
 
-def test_a_killed_forked_rank_fails_its_cell_fast_and_leaves_nothing(prefix, tmp_path):
+def _start_fork_run(tmp_path: Path) -> subprocess.Popen:
+    """`testbed run --launcher fork` of a long flat-dp cell, in the background."""
     path = write(tmp_path, steps=400, strategies="[flat-dp]", timeout=60)
-    before = set(_forkservers())
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(tmp_path / "out"),
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(tmp_path / "out"),
                              "--launcher", "fork"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rank3_metrics(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "out").glob("launch/*/cells/*/metrics/rank3.jsonl"))
+
+
+def _while_running(proc: subprocess.Popen, condition, timeout: float = 120):
+    """Poll `condition` until it is true and return it; fails if the run ends or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.05)
+    return found
+
+
+def test_a_killed_forked_rank_fails_its_cell_fast_and_leaves_nothing(prefix, tmp_path):
+    before = set(_forkservers())
+    proc = _start_fork_run(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        victim: list[int] = []
-        while not victim:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
-            metrics = list((tmp_path / "out").glob("launch/*/cells/*/metrics/rank3.jsonl"))
-            if metrics and metrics[0].read_text().count("\n") >= 3:
-                victim = _pids_in(f"{prefix}west-1")
-            time.sleep(0.05)
+        def victim() -> list[int]:
+            metrics = _rank3_metrics(tmp_path)
+            return _pids_in(f"{prefix}west-1") if metrics and metrics[0].read_text().count("\n") >= 3 else []
+
+        victim = _while_running(proc, victim)
         assert len(victim) == 1  # the forked rank itself, in its node's namespace
         os.kill(victim[0], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -125,15 +140,10 @@ def test_a_killed_forked_rank_fails_its_cell_fast_and_leaves_nothing(prefix, tmp
 
 
 def test_the_fork_server_and_its_ranks_go_when_the_runner_is_killed(prefix, tmp_path):
-    path = write(tmp_path, steps=400, strategies="[flat-dp]", timeout=60)
     before = set(_forkservers())
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(tmp_path / "out"),
-                             "--launcher", "fork"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start_fork_run(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "out").glob("launch/*/cells/*/metrics/rank3.jsonl")):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
-            time.sleep(0.05)
+        _while_running(proc, lambda: _rank3_metrics(tmp_path))
         ours = set(_forkservers()) - before
         assert len(ours) == 5  # the server and its four ranks
         proc.kill()  # SIGKILL: the runner tears nothing down
