@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import statistics
+import threading
 import time
 
 import pytest
@@ -57,15 +58,42 @@ def test_loss_is_per_packet_at_the_configured_rate(prefix):
     assert 0.004 <= measured <= 0.018, measured
 
 
+def quantile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
 def test_jitter_spread_matches_a_uniform_law(prefix):
-    testbed = bring_up(two_dc(latency="10ms", jitter="2ms", reverse={"jitter": "0ms"}), prefix=prefix)
-    rtts = pings(testbed, 400, 0.01)["rtts"]
-    expected_std = 0.002 / 3**0.5  # uniform on [-2 ms, +2 ms]
-    assert statistics.pstdev(rtts) == pytest.approx(expected_std, rel=0.2)
-    ordered = sorted(rtts)  # percentiles, not extremes: one scheduling hiccup must not decide the test
-    p1, p99 = ordered[len(ordered) // 100], ordered[len(ordered) * 99 // 100]
-    assert p1 >= 0.018 - 0.0002 and p99 <= 0.022 + 0.0010  # + processing overhead
-    assert statistics.median(rtts) == pytest.approx(0.020, abs=0.0006)
+    """RTTs over a link with 2 ms of forward jitter against RTTs, measured at the same time from the same node,
+    over a link without jitter: the host's own delays (0.5 ms median, tails of several ms when the CPUs are busy)
+    are in both. The jittered RTTs' quantiles up to the 75th, less the plain link's median, follow a uniform law
+    on [-2 ms, +2 ms] within 0.3 ms (measured: within 0.2 ms idle, 0.25 ms with three busy loops on two cores;
+    2.5 ms of jitter or a normal law of the same spread miss the 1 % quantile by 0.5-0.7 ms). The high quantiles
+    carry the host's tails, so the top is only bounded (+2 ms over the plain link's 99th percentile)."""
+    trio = topology_from_data({"name": "trio", "dcs": [{"name": n, "nodes": 1} for n in ("east", "west", "south")],
+                               "links": [{"between": ["east", "west"], "latency": "10ms", "jitter": "2ms",
+                                          "reverse": {"jitter": "0ms"}},
+                                         {"between": ["east", "south"], "latency": "10ms"},
+                                         {"between": ["west", "south"], "latency": "1ms"}]})
+    testbed = bring_up(trio, prefix=prefix)
+    rtts: dict[str, list[float]] = {}
+
+    def ping(node: str) -> None:
+        args = ["rtt", testbed.plan.node(node).address, "--port", "5201", "--count", "400", "--interval", "0.01"]
+        rtts[node] = _run_agent(testbed.fabric, "east-0", args, timeout=120)["rtts"]
+
+    with _Server(testbed.fabric, "west-0"), _Server(testbed.fabric, "south-0"):
+        threads = [threading.Thread(target=ping, args=(node,)) for node in ("west-0", "south-0")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    jittered, plain = rtts["west-0"], rtts["south-0"]
+    host = quantile(plain, 0.50)
+    for fraction in (0.01, 0.05, 0.10, 0.25, 0.50, 0.75):
+        spread = quantile(jittered, fraction) - host
+        assert spread == pytest.approx(-0.002 + 0.004 * fraction, abs=0.0003), (fraction, spread)
+    assert quantile(jittered, 0.99) - quantile(plain, 0.99) <= 0.002 + 0.0005
 
 
 def test_live_shape_changes_the_delay(prefix):
