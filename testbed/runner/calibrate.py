@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.fabric import registry
+from testbed.fabric.forkserver import ForkServer
 from testbed.fabric.lifecycle import Testbed
 from testbed.runner.links import calibrate as probe_links
 from testbed.runner.links import counter_delta, inter_dc_counters
@@ -32,9 +33,9 @@ def benchmark_argv(sizes: list[int] | None = None, preset: str | None = None, mi
 
 
 def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node: int = 1,
-            timeout: float = 600) -> dict[str, Any]:
-    """Run the micro-benchmarks as every rank; returns {'records', 'probe', 'link_bytes', 'links', 'world'}.
-    Raises RuntimeError naming the rank when one fails."""
+            timeout: float = 600, forks: ForkServer | None = None) -> dict[str, Any]:
+    """Run the micro-benchmarks as every rank (forked by `forks` if given); returns {'records', 'probe',
+    'link_bytes', 'links', 'world', 'launcher', ...}. Raises RuntimeError naming the rank when one fails."""
     if work_dir.exists():
         shutil.rmtree(work_dir)
     metrics, logs = work_dir / "metrics", work_dir / "logs"
@@ -42,7 +43,7 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
     probe = probe_links(testbed, "rtt")
     before = inter_dc_counters(testbed)
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics)
-    group = RankGroup(testbed.fabric, specs, argv, logs)
+    group = RankGroup(testbed.fabric, specs, argv, logs, forks)
     try:
         outcome = group.watch(timeout)
     finally:
@@ -58,7 +59,7 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
     return {"records": records, "probe": probe, "link_bytes": counter_delta(before, after),
             "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
             "link_params": {k: _params(testbed, k) for k in after}, "world": len(specs),
-            "seconds": outcome.seconds}
+            "seconds": outcome.seconds, "launcher": "fork" if group.forked else "exec"}
 
 
 def _params(testbed: Testbed, key: str) -> dict[str, Any]:
@@ -78,7 +79,8 @@ def workload_profile(experiment: Any) -> dict[str, Any]:
 
 
 def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, *, ranks_per_node: int = 1,
-                      sizes: list[int] | None = None, reps: int = 1, timeout: float = 600):
+                      sizes: list[int] | None = None, reps: int = 1, timeout: float = 600,
+                      forks: ForkServer | None = None):
     """Measure and fit: a testbed.model Calibration for this testbed as its links are now."""
     import os
     import platform
@@ -87,7 +89,7 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     from testbed.model.calibration import fit
 
     argv = benchmark_argv(sizes or [65536, 4194304], reps=reps, lanes=4, **workload_profile(experiment))
-    measured = measure(testbed, work_dir, argv, ranks_per_node=ranks_per_node, timeout=timeout)
+    measured = measure(testbed, work_dir, argv, ranks_per_node=ranks_per_node, timeout=timeout, forks=forks)
     measured["machine"] = {"kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
                            "shaper": testbed.plan.shaper, "measured": datetime.now(UTC).isoformat()}
     measured["shared_clock"] = registry.get(testbed.state.backend).shared_clock

@@ -206,7 +206,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
               "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
               "seconds": outcome.seconds, "started": started, "launched": launched,
-              "launcher": "fork" if forks is not None and argv[:3] == workload_argv([]) else "exec", "calibration": probe,
+              "launcher": "fork" if group.forked else "exec", "calibration": probe,
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
@@ -256,7 +256,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
-            calibrate_for_model(testbed, run_dir, experiment, progress)
+            calibrate_for_model(testbed, run_dir, experiment, progress, forks)
         for cell in todo:
             cancel.check()
             argv = workload_argv(cell.workload_args())
@@ -298,17 +298,18 @@ def fork_server(testbed: Testbed, wanted: bool, run_dir: Path) -> Iterator[ForkS
 CALIBRATION_FILE = "calibration.json"  # testbed.model.predict reads it from the run directory
 
 
-def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment, progress: Any = None) -> None:
+def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment, progress: Any = None,
+                        forks: ForkServer | None = None) -> None:
     """The cost model's calibration for this run (collective micro-benchmarks over the links as the topology
-    sets them, the model's compute profile), written to the run directory. A failure is recorded, not fatal:
-    the cells still run, without predictions."""
+    sets them, the model's compute profile), written to the run directory; its ranks forked by the run's fork
+    server where there is one. A failure is recorded, not fatal: the cells still run, without predictions."""
     from testbed.runner.calibrate import calibrate_testbed
 
     if progress:
         progress.console.print("[dim]calibrating the cost model (collective micro-benchmarks)[/dim]")
     try:
         calibration = calibrate_testbed(testbed, run_dir / "calibration", experiment,
-                                        ranks_per_node=experiment.workload.ranks_per_node)
+                                        ranks_per_node=experiment.workload.ranks_per_node, forks=forks)
     except Exception as error:  # the run goes on without predictions
         atomic_write(run_dir / "calibration-failed.txt", f"{type(error).__name__}: {error}\n")
         return

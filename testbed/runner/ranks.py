@@ -25,12 +25,20 @@ from testbed.spec.topology import Topology
 LOG_TAIL = 12
 WORKLOAD = "testbed.workload"  # the built-in workload: what the fork launcher runs
 PRELOAD = "testbed.workload.preload"  # what its fork server imports once
+FORKABLE = (WORKLOAD, "testbed.workload.calibrate")  # modules that need nothing PRELOAD did not import
 LAUNCHERS = ("auto", "fork", "exec")  # auto: fork where the backend can, else exec
 
 
 def workload_argv(args: list[str]) -> list[str]:
     """The command line of the built-in workload with `args` (what the exec launcher runs)."""
     return [sys.executable, "-m", WORKLOAD, *args]
+
+
+def forked_module(argv: list[str]) -> str | None:
+    """The module a fork server can run for `argv` (`python -m MODULE ...` of a FORKABLE module), else None."""
+    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in FORKABLE:
+        return argv[2]
+    return None
 
 
 def base_env() -> dict[str, str]:
@@ -101,18 +109,19 @@ class RankGroup:
 
     def __init__(self, fabric, specs: list[RankSpec], argv: list[str], log_dir: Path,
                  forks: ForkServer | None = None) -> None:
-        """Start every rank: forked by `forks` when argv is the built-in workload's, else exec'd by `fabric`."""
+        """Start every rank: forked by `forks` when argv runs a FORKABLE module, else exec'd by `fabric`."""
         self.specs = specs
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list = []
         self._logs = []
         base = base_env()
-        fork = forks is not None and argv[:3] == workload_argv([])
+        module = forked_module(argv) if forks is not None else None
+        self.forked = module is not None
         try:
             for spec in specs:
-                if fork:
-                    self.procs.append(forks.spawn(spec.node.name, WORKLOAD, argv[3:], {**base, **spec.env},
+                if module is not None:
+                    self.procs.append(forks.spawn(spec.node.name, module, argv[3:], {**base, **spec.env},
                                                   log_dir / f"rank{spec.rank}.log"))
                     continue
                 log = open(log_dir / f"rank{spec.rank}.log", "wb")

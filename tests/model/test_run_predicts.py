@@ -34,13 +34,14 @@ def test_a_run_is_calibrated_and_predicted(prefix, tmp_path: Path):
     run_dir = next((tmp_path / "out" / "predicted").glob("*"))
     calibration = json.loads((run_dir / "calibration.json").read_text())
     assert calibration["fit"]["samples"] >= 8 and calibration["transport"]["op_overhead"] >= 0
-    assert (run_dir / "calibration" / "measured.json").exists()  # the raw figures, to refit later
+    measured = json.loads((run_dir / "calibration" / "measured.json").read_text())  # the raw figures, to refit
+    assert measured["launcher"] == "fork"  # the run's fork server started the calibration's ranks too
     rows = list(csv.DictReader(open(run_dir / "summary.csv")))
     assert len(rows) == 1
     for column in ("step_s_predicted", "tokens_per_s_predicted", "inter_dc_bytes_predicted", "step_error"):
         assert math.isfinite(float(rows[0][column])), column
-    predicted, measured = float(rows[0]["step_s_predicted"]), float(rows[0]["step_s_mean"])
-    assert 0.05 < predicted < 10 * measured  # at least the compute, never absurd
+    predicted, step = float(rows[0]["step_s_predicted"]), float(rows[0]["step_s_mean"])
+    assert 0.05 < predicted < 10 * step  # at least the compute, never absurd
     report = (run_dir / "report.md").read_text()
     assert "## Predicted vs measured" in report and "Cost model: the mean step" in report
     assert (run_dir / "plots" / "model.png").exists()
