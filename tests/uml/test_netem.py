@@ -71,6 +71,14 @@ def qdisc_sent_bytes(namespace: str, dev: str) -> int:
     raise AssertionError(f"no netem qdisc on {namespace}/{dev}")
 
 
+def reshape(prefix: str, one_way: bool = False, **params: float) -> None:
+    """`testbed shape east west` done in this process: each CLI call costs 3-5 s inside UML (its imports), and
+    test_live_shape_changes_the_qdisc_in_place_and_the_probe_sees_it tests the command itself."""
+    testbed = attach(prefix)
+    for key in ("east->west",) if one_way else ("east->west", "west->east"):
+        testbed.change(key, **params)
+
+
 def pings(testbed, src: str, dst: str, count: int, interval: float) -> dict:
     target = testbed.plan.node(dst)
     with _Server(testbed.fabric, dst):
@@ -111,8 +119,7 @@ def three_dc(lab, monkeypatch):
     monkeypatch.setenv("TESTBED_PREFIX", lab.prefix)
     monkeypatch.setenv("TESTBED_STATE_DIR", str(lab.state_dir))
     yield lab
-    run_cli("shape", "east", "west", "--latency", "10ms", "--bandwidth", "200mbit", "--jitter", "0ms", "--loss", "0%",
-            check=True)
+    reshape(lab.prefix, latency=0.010, bandwidth=200e6, jitter=0.0, loss=0.0)
 
 
 def test_auto_picks_netem_and_status_names_it_on_every_inter_dc_end(three_dc):
@@ -155,9 +162,9 @@ def test_jitter_and_loss_follow_their_laws(three_dc):
     """Jitter spreads the round trip by the uniform law: its 10-90 % spread is 0.8 x 2 x jitter. UML's own timing
     noise (measured on the same link first; it has heavy tails while the host is busy) is taken off that spread;
     quantiles, not the standard deviation, so that a few stalls of UML's one CPU do not decide the test."""
-    run_cli("shape", "east", "west", "--latency", "30ms", "--one-way", check=True)
+    reshape(prefix, one_way=True, latency=0.030)
     quiet = sorted(pings(attach(prefix), "east-0", "west-0", 300, 0.025)["rtts"])
-    run_cli("shape", "east", "west", "--jitter", "10ms", "--one-way", check=True)
+    reshape(prefix, one_way=True, jitter=0.010)
     # 25 ms apart: packets never catch up with each other, so FIFO order does not bend the law
     rtts = sorted(pings(attach(prefix), "east-0", "west-0", 400, 0.025)["rtts"])
 
@@ -169,7 +176,7 @@ def test_jitter_and_loss_follow_their_laws(three_dc):
     assert rtts[len(rtts) // 100] >= 0.030 - 0.0005  # 20..40 ms one way + 10 ms back
     assert statistics.median(rtts) - statistics.median(quiet) == pytest.approx(0.0, abs=0.0025)
 
-    run_cli("shape", "east", "west", "--latency", "10ms", "--jitter", "0ms", "--loss", "2%", "--one-way", check=True)
+    reshape(prefix, one_way=True, latency=0.010, jitter=0.0, loss=0.02)
     result = pings(attach(prefix), "east-0", "west-0", 3000, 0.002)
     measured = 1 - result["received"] / result["sent"]
     assert 0.010 <= measured <= 0.032, measured  # binomial: 2 % of 3000 has a standard deviation of 0.26 %
