@@ -11,6 +11,7 @@ from testbed.fabric.base import Fabric
 from testbed.fabric.netns.fabric import NetnsFabric
 from testbed.fabric.netns.kernel import resolve_shaper
 from testbed.fabric.netns.namespaces import list_namespaces, remove
+from testbed.fabric.netns.neighbours import release_neighbour_capacity
 from testbed.fabric.state import BackendState, FabricState, state_dir
 from testbed.plan.network import NetworkPlan, build_plan
 from testbed.spec.link import LinkParams
@@ -46,5 +47,6 @@ class NetnsBackend(Backend):
     def clean(cls, prefix: str, saved: FabricState | None) -> list[str]:
         """Our namespaces (and their processes and interfaces) and the delay lines' files."""
         removed = remove(prefix)
+        release_neighbour_capacity(prefix)
         remove_files(state_dir(), prefix)
         return removed

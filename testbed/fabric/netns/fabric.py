@@ -21,12 +21,11 @@ from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import ForkServer
-from testbed.fabric.netns.namespaces import (
+from testbed.fabric.netns.namespaces import list_namespaces, remove, set_sysctls
+from testbed.fabric.netns.neighbours import (
     ensure_neighbour_capacity,
-    list_namespaces,
     neighbour_entries,
-    remove,
-    set_sysctls,
+    release_neighbour_capacity,
 )
 from testbed.fabric.state import FabricState, state_dir
 from testbed.fabric.state import save as save_state
@@ -73,7 +72,7 @@ class NetnsFabric(Fabric):
         for node in plan.nodes:
             sizes[node.dc_index] = sizes.get(node.dc_index, 0) + 1
         links = len({end.key for end in plan.link_ends if end.kind == "inter-dc"}) // 2
-        raised = ensure_neighbour_capacity(neighbour_entries(list(sizes.values()), links))
+        raised = ensure_neighbour_capacity(neighbour_entries(list(sizes.values()), links), self.prefix)
         if raised:
             self._progress(raised)
         try:
@@ -81,6 +80,7 @@ class NetnsFabric(Fabric):
             self._start_delay_lines(plan)
         except BaseException as error:
             remove(self.prefix)
+            release_neighbour_capacity(self.prefix)
             if isinstance(error, NetlinkError):
                 raise FabricError(f"bring-up failed: {os.strerror(error.code)} ({error})") from error
             if isinstance(error, KernelLacks):
@@ -173,6 +173,7 @@ class NetnsFabric(Fabric):
     # --- teardown ---------------------------------------------------------------------------------
     def down(self) -> None:
         remove(self.prefix)
+        release_neighbour_capacity(self.prefix)
 
     # --- use --------------------------------------------------------------------------------------
     def popen(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:

@@ -31,29 +31,6 @@ def set_sysctls(ns: str, values: dict[str, str]) -> None:
         netns.popns()
 
 
-NEIGH = "/proc/sys/net/ipv4/neigh/default/"
-
-
-def neighbour_entries(dc_sizes: list[int], links: int) -> int:
-    """ARP entries a testbed may hold at once: in each DC every node and the gateway may know all the others,
-    and each inter-DC link's two gateways know each other."""
-    return sum((n + 1) * n for n in dc_sizes) + 2 * links
-
-
-def ensure_neighbour_capacity(entries: int) -> str | None:
-    """Raise the host's ARP table limits (one table for all namespaces; gc_thresh3 is its hard limit, 1024 by
-    default) to twice `entries` where they are lower: with more entries than that, connects inside a DC fail
-    with "No route to host". Host-wide and kept after `down`; what was changed, in words (None: nothing)."""
-    want = 2 * entries
-    current = {name: int(open(NEIGH + name).read()) for name in ("gc_thresh2", "gc_thresh3")}
-    if current["gc_thresh3"] >= want:
-        return None
-    for name, value in (("gc_thresh3", want), ("gc_thresh2", max(current["gc_thresh2"], want // 2))):
-        with open(NEIGH + name, "w") as out:
-            out.write(str(value))
-    return f"raised the host's ARP table limit (net.ipv4.neigh.default.gc_thresh3) from {current['gc_thresh3']} to {want}"
-
-
 def kill_namespace_processes(names: list[str], timeout: float = 3.0) -> int:
     """SIGTERM, then SIGKILL, every process living in the namespaces `names`; returns how many there were."""
     wanted = set(names)
