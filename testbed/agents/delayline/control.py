@@ -17,6 +17,7 @@ from typing import Any
 from testbed.agents.bootstrap import argv_in
 from testbed.agents.delayline.files import MODULE, DelayLineFiles, DelayLineStatus
 from testbed.atomic import write_text
+from testbed.plan import owned_by
 from testbed.plan.delayline import DelayDirection, DelayLineSpec, dump_config, load_config
 from testbed.waiting import alive, wait_for
 
@@ -141,5 +142,7 @@ def _signal_worker(directory: Path, name: str) -> None:
 
 
 def remove_files(directory: Path, prefix: str) -> None:
+    """The delay-line files of the testbed with this prefix (named after its gateways' namespaces)."""
     for path in directory.glob(f"{prefix}*.delayline.*"):
-        path.unlink(missing_ok=True)
+        if owned_by(path.name.split(".delayline.")[0], prefix):
+            path.unlink(missing_ok=True)

@@ -9,11 +9,13 @@ import signal
 
 from pyroute2 import IPRoute, netns
 
+from testbed.plan import owned_by
 from testbed.waiting import alive, wait_for
 
 
 def list_namespaces(prefix: str) -> list[str]:
-    return sorted(name for name in netns.listnetns() if name.startswith(prefix))
+    """The namespaces of the testbed with this prefix (not those of a longer prefix that starts with it)."""
+    return sorted(name for name in netns.listnetns() if owned_by(name, prefix))
 
 
 def set_sysctls(ns: str, values: dict[str, str]) -> None:
@@ -48,7 +50,7 @@ def kill_namespace_processes(names: list[str], timeout: float = 3.0) -> int:
 
 
 def remove(prefix: str) -> list[str]:
-    """Remove every namespace named `prefix*` (and the processes in it); works with no state at all.
+    """Remove the namespaces of the testbed with this prefix (and their processes); works with no state at all.
 
     Interfaces live only inside our namespaces (veths are created there directly), so removing the
     namespaces removes them; a `prefix*` interface found in the host namespace is deleted too.
