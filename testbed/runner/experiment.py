@@ -236,6 +236,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS)."""
     fork = launcher_forks(launcher, backend)
     experiment, topology = load_experiment(path)
+    refuse_unschedulable_faults(path, experiment, backend)
     cells = plan_cells(experiment, topology)
     if only:
         cells = [c for c in cells if fnmatch.fnmatch(c.id, only) or only in c.id]
@@ -248,11 +249,6 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
         progress.start(len(cells), len(cells) - len(todo), run_dir)
     with fabric(topology, path, prefix, shaper, backend) as testbed, fork_server(testbed, fork and bool(todo),
                                                                                    run_dir) as forks:
-        if any(f.kind != "sdc" for f in experiment.faults) and not testbed.fabric.link_faults:
-            # link faults need Fabric.impair; rank faults, rank 0's metrics as they are written and signals to
-            # the ranks' process groups: all on this machine's netns fabric only for now
-            raise NotSupported(f"{path}: faults: link and rank faults are not supported on the "
-                               f"{testbed.state.backend} backend (sdc is)")
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
@@ -270,6 +266,15 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)
+
+
+def refuse_unschedulable_faults(path: Path, experiment: Experiment, backend: str | Backend) -> None:
+    """Before anything is built: link and rank faults on a schedule need a backend whose rank 0 metrics are read
+    as they are written and whose ranks are signalled here (Backend.schedules_faults); sdc runs everywhere."""
+    chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
+    if any(f.kind != "sdc" for f in experiment.faults) and not chosen.schedules_faults:
+        raise NotSupported(f"{path}: faults: the runner schedules link and rank faults on the netns backend only, "
+                           f"not {chosen.name} (sdc runs everywhere; `testbed fault` applies link faults by hand)")
 
 
 def launcher_forks(launcher: str, backend: str | Backend) -> bool:

@@ -1,6 +1,7 @@
 """One scenario, run against every backend this machine has (Mininet's test_nets: one test, one mixin per
 implementation): bring a two-DC testbed up with `testbed up`, check what `status` says, probe the round trip
-against the configured latency, change the link live, probe again, take it down, and find nothing left.
+against the configured latency, change the link live, probe again, partition it by hand (`testbed fault`) and
+see the partition applied within 0.25 s and cleared, take it down, and find nothing left.
 
 netns runs wherever the tests have root; docker where an engine answers; ssh where sshd is installed (the hosts are
 sshd in namespaces, and the commands run from a controller node inside their network). CI has all three: there
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,8 +129,40 @@ def test_up_status_probe_shape_down(backend, tmp_path):
         assert pair["rtt_applied_ms"] == pytest.approx(8.0)
         assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS, pair
 
+    partition(backend)
+
     down = backend.cli("down")
     assert down.returncode == 0, down.stderr[-2000:]
     assert backend.leftovers() == []
     gone = backend.cli("status")
     assert gone.returncode == 2 and "no testbed is up" in gone.stderr
+
+
+def inter_dc_loss(backend: Backend) -> dict[str, str]:
+    status = backend.cli("status", "--json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    return {link["key"]: link["loss"] for link in json.loads(status.stdout)["links"] if link["kind"] == "inter-dc"}
+
+
+def partition(backend: Backend) -> None:
+    """`testbed fault partition` for 3 s: both directions at 100 % loss while it lasts (as `status`, reading the
+    state file, sees it), applied and cleared within 0.25 s of their schedule, and the link as it was after."""
+    done: dict[str, subprocess.CompletedProcess] = {}
+    thread = threading.Thread(target=lambda: done.setdefault("fault", backend.cli(
+        "fault", "partition", "east", "west", "--for", "3s", timeout=120)))
+    thread.start()
+    deadline, seen = time.monotonic() + 30, {}
+    while thread.is_alive() and time.monotonic() < deadline:
+        seen = inter_dc_loss(backend)
+        if set(seen.values()) == {"100%"}:
+            break
+        time.sleep(0.2)
+    thread.join()
+    assert set(seen.values()) == {"100%"}, seen
+    fault = done["fault"]
+    assert fault.returncode == 0, fault.stderr[-2000:]
+    ((applied, cleared),) = re.findall(r"applied at ([0-9.]+)s, cleared at ([0-9.]+)s", fault.stdout)
+    assert float(applied) <= 0.25 and 3.0 <= float(cleared) <= 3.25, fault.stdout
+    assert set(inter_dc_loss(backend).values()) == {"0%"}
+    for pair in probe(backend).values():
+        assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS and pair["ping_loss"] == 0, pair

@@ -59,6 +59,8 @@ SETTLE_AFTER_FAILURE_S = 2.0  # an interrupted request may still be carried out 
 class DockerFabric(Fabric):
     """Containers on one docker engine; the controller keeps its record in the state file like the others."""
 
+    link_faults = True  # a fault is a live re-shape by the routers: netem's or the delay line's loss, delay, rate
+
     def __init__(self, prefix: str, topology: Topology, image: str, adopted: bool = False,
                  on_progress: Callable[[str], None] | None = None, client: Any = None) -> None:
         """`client`: a docker SDK client (or what stands in for one in a test); else the engine's own."""
@@ -279,6 +281,9 @@ class DockerFabric(Fabric):
         new = plan_shaping(params, plan.shaper)  # what the routers now apply (an inter-DC end, as planned)
         self.plan = dataclasses.replace(plan, link_ends=tuple(
             dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
+
+    def impair(self, key: str, params: LinkParams) -> None:
+        self.shape(key, params)
 
     def counters(self) -> dict[str, LinkCounters]:
         """Interface and qdisc counters of every router's egress link ends (one exec per router)."""

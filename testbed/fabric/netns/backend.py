@@ -28,6 +28,7 @@ class NetnsBackend(Backend):
     summary: ClassVar[str] = "namespaces on this machine"
     State = NetnsState
     forks_ranks: ClassVar[bool] = True
+    schedules_faults: ClassVar[bool] = True
 
     def plan(self, topology: Topology, shaper: str, prefix: str,
              overrides: dict[str, LinkParams] | None = None) -> NetworkPlan:

@@ -80,6 +80,8 @@ print(len(found))
 class SshFabric(Fabric):
     """Shaping and processes on inventory hosts; the controller keeps the record of every change."""
 
+    link_faults = True  # a fault is a live re-shape: `tc change` on the sending hosts, the receiving delay lines
+
     def __init__(self, prefix: str, topology: Topology, inventory: Inventory, inventory_file: Path,
                  known_hosts: Path, accept_new: bool = False, on_progress: Callable[[str], None] | None = None) -> None:
         self.prefix, self.topology, self.inventory = prefix, topology, inventory
@@ -366,6 +368,9 @@ class SshFabric(Fabric):
         except RemoteError as error:
             raise FabricError(str(error)) from None
         self.hosts_plan = new
+
+    def impair(self, key: str, params: LinkParams) -> None:
+        self.shape(key, params)
 
     def counters(self) -> dict[str, LinkCounters]:
         """Per direction: bytes/packets/drops of the leaf under each sending host's class for the peer DC,

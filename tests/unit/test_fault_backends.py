@@ -1,0 +1,52 @@
+"""Which backends the runner schedules an experiment's faults on, refused before anything is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.fabric.errors import NotSupported
+from testbed.runner.experiment import refuse_unschedulable_faults
+from testbed.spec.experiment import load_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "experiments" / "faults.yaml"
+
+
+def sdc_only(tmp_path: Path) -> Path:
+    data = yaml.safe_load(SHIPPED.read_text())
+    data["faults"] = [f for f in data["faults"] if f["kind"] == "sdc"]
+    data["topology"] = str(ROOT / "topologies" / "two-dc.yaml")
+    path = tmp_path / "sdc.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("backend", ["docker", "ssh"])
+def test_link_faults_on_a_schedule_are_refused_off_netns_with_one_line(backend):
+    experiment, _ = load_experiment(SHIPPED)
+    with pytest.raises(NotSupported) as error:
+        refuse_unschedulable_faults(SHIPPED, experiment, backend)
+    message = str(error.value)
+    assert "\\n" not in message and str(SHIPPED) in message and backend in message and "testbed fault" in message
+
+
+@pytest.mark.parametrize("backend", ["netns", "docker", "ssh"])
+def test_sdc_alone_runs_everywhere(backend, tmp_path):
+    path = sdc_only(tmp_path)
+    experiment, _ = load_experiment(path)
+    refuse_unschedulable_faults(path, experiment, backend)
+
+
+def test_netns_schedules_every_fault():
+    experiment, _ = load_experiment(SHIPPED)
+    refuse_unschedulable_faults(SHIPPED, experiment, "netns")
+
+
+def test_docker_and_ssh_fabrics_take_link_faults_by_hand():
+    from testbed.fabric.docker.fabric import DockerFabric
+    from testbed.fabric.ssh.fabric import SshFabric
+
+    assert DockerFabric.link_faults and SshFabric.link_faults
