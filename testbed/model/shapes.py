@@ -50,6 +50,31 @@ def buckets(cfg: ModelConfig, bucket_mb: float) -> list[int]:
     return out
 
 
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket's cap
+
+
+def ddp_buckets(cfg: ModelConfig, bucket_cap_mb: float) -> list[int]:
+    """Element counts of DDP's gradient buckets in the order they become ready: parameters in reverse, the first
+    bucket closed at 1 MiB, the others at bucket_cap_mb MiB (a bucket closes once it reaches its cap)."""
+    limits = [DDP_FIRST_BUCKET_BYTES // FLOAT_BYTES, max(1, int(bucket_cap_mb * (1 << 20)) // FLOAT_BYTES)]
+    out, current = [], 0
+    for n in reversed(tensors(cfg)):
+        current += n
+        if current >= limits[min(len(out), 1)]:
+            out.append(current)
+            current = 0
+    if current:
+        out.append(current)
+    return out
+
+
+def fsdp_units(cfg: ModelConfig) -> list[int]:
+    """Element counts of FSDP2's units as the workload wraps them, in forward order: the root (embeddings, final
+    norm and head: what no block holds), then each block."""
+    modules = module_tensors(cfg)
+    return [sum(modules[0]) + sum(modules[-1]), *[sum(block) for block in modules[1:-1]]]
+
+
 def fragments(cfg: ModelConfig, count: int) -> list[int]:
     """Element counts of streaming DiLoCo's fragments (parameters cut into `count` runs of tensors)."""
     sizes = tensors(cfg)

@@ -6,8 +6,8 @@ and per step, and a sentence that says where the time goes. Steps are simulated 
 windows carry over and restart after idle gaps, as they do on the real links) and averaged over the
 measured steps, as the collectors average the measured ones.
 
-Extension point: PREDICTORS maps a workload strategy name to its function; a new strategy (ddp, fsdp, hsdp,
-compression hooks) adds one function here that composes the collectives in testbed.model.collectives.
+Extension point: PREDICTORS maps a workload strategy name to its function; a new strategy adds one function
+here that composes the collectives in testbed.model.collectives.
 """
 
 from __future__ import annotations
@@ -270,6 +270,121 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
                               f"compute{_round_trips(net, exposed)}")
 
 
+# --- PyTorch's own data parallelism ---------------------------------------------------------------------------
+
+def ddp(m: CellModel) -> Prediction:
+    """DistributedDataParallel: DDP's buckets (parameters in reverse, the first closed at 1 MiB) each all-reduced
+    over all ranks as soon as the last micro-batch's backward has produced it, ProcessGroupGloo running two at a
+    time on the group's one set of connections; fp16_compress_hook all-reduces half the bytes."""
+    opts, net, t = m.opts, m.network, m.transport
+    if opts.comm_hook not in ("none", "fp16"):
+        raise KeyError(f"the cost model has no predictor for ddp with comm_hook {opts.comm_hook!r} (covered: none, fp16)")
+    sim = Sim(net, t)
+    buckets = shapes.ddp_buckets(shapes.config(opts), opts.bucket_cap_mb)
+    total = sum(buckets)
+    world = list(range(net.world))
+    element = 2 if opts.comm_hook == "fp16" else 4
+    compute = m.compute_s * opts.micro_batches
+    clock, walls, comms, link = 0.0, [], [], {}
+    slots = [0.0, 0.0]  # ProcessGroupGloo's two worker threads
+    for _step in range(opts.steps):
+        begin = clock
+        backward_from, backward = clock + compute - m.compute_s * BACKWARD_SHARE, m.compute_s * BACKWARD_SHARE
+        done, ready, link = clock, 0, {}
+        for size in buckets:
+            ready += size
+            slot = min(range(2), key=lambda k: slots[k])
+            start = max(backward_from + backward * ready / total, slots[slot])
+            slots[slot] = gloo_all_reduce(sim, world, element * size, start, "ddp")
+            done = max(done, slots[slot])
+            add_bytes(link, _ring_bytes(net, world, element * size, ("rs", "ag"), t.segment_bytes))
+        compute_end = clock + compute
+        clock = max(compute_end, done)
+        comms.append(clock - compute_end)
+        walls.append(clock - begin)
+    exposed = _measured(m, comms)
+    hook = " in fp16 (DDP's fp16_compress_hook)" if opts.comm_hook == "fp16" else ""
+    return Prediction("ddp", _measured(m, walls), compute, exposed,
+                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      explain=f"DDP's {len(buckets)} buckets, each all-reduced over all {net.world} ranks{hook} as "
+                              f"the last micro-batch's backward produces it: {exposed * 1e3:.0f} ms left exposed after "
+                              f"compute{_round_trips(net, exposed)}")
+
+
+def _sharded(m: CellModel, name: str) -> Prediction:
+    """FSDP2 on CPU, where every collective blocks the training thread: per micro-batch each unit (the root, then
+    each block) is all-gathered over its shard group before its forward, and each block again before its
+    backward (reshard_after_forward); the last micro-batch's backward reduce-scatters each unit's gradients and,
+    for hsdp, all-reduces the shard across DCs (the DCs' shard groups at once)."""
+    opts, net, t = m.opts, m.network, m.transport
+    sim = Sim(net, t)
+    units = shapes.fsdp_units(shapes.config(opts))
+    total = sum(units)
+    if name == "hsdp":
+        shard, inter = _dc_groups(net)[0], net.inter_groups()[0]
+        groups = _dc_groups(net)
+    else:
+        shard, inter = list(range(net.world)), None
+        groups = [shard]
+    n = len(shard)
+    forward = [m.compute_s * (1 - BACKWARD_SHARE) * size / total for size in units]
+    backward = [m.compute_s * BACKWARD_SHARE * size / total for size in units]
+    clock, walls, comms, link = 0.0, [], [], {}
+    for _step in range(opts.steps):
+        begin, blocked, link = clock, 0.0, {}
+
+        def collective(run, *args) -> None:
+            nonlocal clock, blocked
+            end = run(sim, *args)
+            blocked += end - clock
+            clock = end
+
+        for mb in range(opts.micro_batches):
+            last = mb == opts.micro_batches - 1
+            for u, size in enumerate(units):
+                shard_bytes = 4 * shapes.padded(size, n) // n
+                if n > 1:
+                    collective(gloo_all_gather, shard, shard_bytes, clock, ("ag", u))
+                    for group in groups:
+                        add_bytes(link, _ring_bytes(net, group, shard_bytes * n, ("ag",), t.segment_bytes))
+                clock += forward[u]
+            for u in reversed(range(len(units))):
+                size = units[u]
+                padded = shapes.padded(size, n)
+                if u > 0 and opts.reshard_after_forward and n > 1:
+                    collective(gloo_all_gather, shard, 4 * padded // n, clock, ("ag", u))
+                    for group in groups:
+                        add_bytes(link, _ring_bytes(net, group, 4 * padded, ("ag",), t.segment_bytes))
+                clock += backward[u]
+                if not last:
+                    continue
+                if n > 1:
+                    collective(gloo_reduce_scatter, shard, 4 * padded, clock, ("rs", u))
+                    for group in groups:
+                        add_bytes(link, _ring_bytes(net, group, 4 * padded, ("rs",), t.segment_bytes))
+                if inter is not None:
+                    end, inter_link = _inter_reduce(sim, inter, padded // n, "none", clock, ("ar", u), flows=n)
+                    blocked += end - clock
+                    clock = end
+                    add_bytes(link, _scaled(inter_link, n))
+        comms.append(blocked)
+        walls.append(clock - begin)
+    exposed = _measured(m, comms)
+    where = "inside each DC, the shard's all-reduce across DCs" if name == "hsdp" else f"over all {net.world} ranks"
+    return Prediction(name, _measured(m, walls), m.compute_s * opts.micro_batches, exposed,
+                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      explain=f"FSDP2's {len(units)} units gathered and reduced {where}, every collective blocking "
+                              f"(no CUDA stream on CPU): {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
+
+
+def fsdp(m: CellModel) -> Prediction:
+    return _sharded(m, "fsdp")
+
+
+def hsdp(m: CellModel) -> Prediction:
+    return _sharded(m, "hsdp")
+
+
 # --- pipeline -------------------------------------------------------------------------------------------------
 
 def pipeline(m: CellModel) -> Prediction:
@@ -479,6 +594,9 @@ PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {
     "pp": pipeline,
     "diloco": diloco,
     "streaming-diloco": streaming_diloco,
+    "ddp": ddp,
+    "fsdp": fsdp,
+    "hsdp": hsdp,
 }
 
 

@@ -188,3 +188,23 @@ def test_the_cost_model_counts_the_real_model_without_torch():
         modules = list(model)
         assert shapes.chunk_parameters(cfg, 3) == [sum(p.numel() for m in modules[lo:hi] for p in m.parameters())
                                                    for lo, hi in split_points(len(modules), 3)]
+
+
+def test_the_cost_model_buckets_gradients_as_ddp_and_units_as_fsdp2():
+    """DDP rebuilds its buckets after the first step in the order gradients become ready (about the reverse of
+    registration), the first closed at 1 MiB; the workload wraps each Block in fully_shard, then the root."""
+    import torch.distributed as dist
+
+    from testbed.model import shapes
+    from testbed.spec.presets import PRESETS
+    from testbed.workload.model import Block
+
+    for cfg in PRESETS.values():
+        model = GPT(cfg)
+        params = list(reversed(list(model.parameters())))
+        for cap_mb in (0.5, 25.0):
+            indices, _ = dist._compute_bucket_assignment_by_size(
+                params, [shapes.DDP_FIRST_BUCKET_BYTES, int(cap_mb * (1 << 20))], [False] * len(params))
+            assert shapes.ddp_buckets(cfg, cap_mb) == [sum(params[i].numel() for i in bucket) for bucket in indices]
+        blocks = [sum(p.numel() for p in m.parameters()) for m in model.modules() if isinstance(m, Block)]
+        assert shapes.fsdp_units(cfg) == [count_parameters(model) - sum(blocks), *blocks]
