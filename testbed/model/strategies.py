@@ -549,6 +549,52 @@ def diloco(m: CellModel) -> Prediction:
                               f"{outer_cost / h * 1e3:.1f} ms per step amortised")
 
 
+def async_diloco(m: CellModel) -> Prediction:
+    """DiLoCo whose outer all-reduce (every node of a DC syncing the whole pseudo-gradient with its counterparts,
+    the DCs' groups at once) runs in the background: one falls due every H steps (not at the last), one is in
+    flight at a time, it is applied at the first step after it arrived, waited for only once it is
+    max_staleness steps old, and every sync still owed is settled at the last step."""
+    opts, net = m.opts, m.network
+    sim = Sim(net, m.transport)
+    numel = shapes.parameter_count(shapes.config(opts))
+    compute = m.compute_s * opts.micro_batches
+    h, n, group = max(1, opts.inner_steps), min(net.sizes), net.inter_groups()[0]
+    clock, walls, comms, link = 0.0, [], [], {}
+    flight: tuple[int, float] | None = None  # (step it started at, when it arrives)
+    owed, durations = 0, []
+    for step in range(opts.steps):
+        begin = clock
+        clock = _inner(sim, m, numel, clock + compute)
+        last = step == opts.steps - 1
+        owed += (step + 1) % h == 0 and not last
+
+        def start(now: float) -> tuple[int, float]:
+            end = gloo_all_reduce(sim, group, 4 * numel, now, "outer", flows=n)
+            add_bytes(link, _scaled(_all_reduce_bytes(net, group, 4 * numel, sim.transport), n))
+            durations.append(end - now)
+            return step, end
+
+        if flight and (last or step - flight[0] >= opts.max_staleness or flight[1] <= clock):
+            clock, flight = max(clock, flight[1]), None
+        if flight is None and owed:
+            flight, owed = start(clock), owed - 1
+        while last and (flight or owed):
+            if flight:
+                clock, flight = max(clock, flight[1]), None
+            if owed:
+                flight, owed = start(clock), owed - 1
+        walls.append(clock - begin)
+        comms.append(clock - begin - compute)
+    exposed = _measured(m, comms)
+    outer = max(durations, default=0.0)
+    return Prediction(opts.strategy, _measured(m, walls), compute, exposed,
+                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches),
+                      link_bytes=_scaled(link, 1 / opts.steps),
+                      explain=f"an outer synchronisation every {h} steps takes {outer * 1e3:.0f} ms in the background "
+                              f"(waited for only at {opts.max_staleness} steps' staleness and at the end): "
+                              f"{exposed * 1e3:.1f} ms per step exposed")
+
+
 def streaming_diloco(m: CellModel) -> Prediction:
     opts, net, t = m.opts, m.network, m.transport
     sim = Sim(net, t)
@@ -594,6 +640,7 @@ PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {
     "pp": pipeline,
     "diloco": diloco,
     "streaming-diloco": streaming_diloco,
+    "async-diloco": async_diloco,
     "ddp": ddp,
     "fsdp": fsdp,
     "hsdp": hsdp,

@@ -90,10 +90,11 @@ def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(p, m):
     assert prediction.bubble_ratio < (p - 1) / (m + p - 1)
 
 
-def predicted(strategy: str, latency: float = 0.02, **options):
+def predicted(strategy: str, latency: float = 0.02, compute_s: float = 0.05, **options):
     _, net = two_dc(2, latency, 1e9)
-    opts = Options(strategy=strategy, steps=3, preset="small", micro_batch=8, micro_batches=2, **options)
-    return PREDICTORS[strategy](CellModel(opts, net, IDEAL, 0.05, warmup_steps=1))
+    opts = Options(**{"strategy": strategy, "steps": 3, "preset": "small", "micro_batch": 8, "micro_batches": 2,
+                      **options})
+    return PREDICTORS[strategy](CellModel(opts, net, IDEAL, compute_s, warmup_steps=1))
 
 
 def test_pytorchs_strategies_move_the_bytes_of_ours_that_do_the_same():
@@ -121,6 +122,20 @@ def test_pytorchs_strategies_pay_for_the_long_link_as_they_overlap():
     assert far.exposed_s > near.exposed_s and far.step_s == pytest.approx(far.compute_s + far.exposed_s, rel=1e-6)
     with pytest.raises(KeyError, match="powersgd"):
         predicted("ddp", comm_hook="powersgd", powersgd_rank=1)
+
+
+def test_async_diloco_hides_its_outer_sync_until_it_is_too_stale():
+    """The same syncs as DiLoCo without sharding (same bytes); in the background they cost the steps nothing
+    while they take less than max_staleness steps, and about what DiLoCo pays when they must be waited for."""
+    common = {"steps": 41, "inner_steps": 5, "compute_s": 0.2}  # a step 0.4 s, a sync ~0.85 s
+    plain = predicted("diloco", outer_shard=False, **common)
+    hidden = predicted("async-diloco", max_staleness=20, **common)
+    # DiLoCo's figure is per step amortised over H (one sync per 5 steps); async's over the run's 41 steps (8 syncs)
+    assert hidden.inter_dc_bytes * 41 / 8 == pytest.approx(plain.inter_dc_bytes * 5, rel=1e-9)
+    inner = predicted("diloco", **{**common, "inner_steps": 1000})  # no outer sync in the counted steps
+    assert hidden.step_s < plain.step_s and hidden.step_s < 1.1 * inner.step_s
+    waited = predicted("async-diloco", max_staleness=1, **common)
+    assert waited.step_s > hidden.step_s
 
 
 def test_diloco_bytes_per_step_fall_by_h():
