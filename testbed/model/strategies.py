@@ -562,27 +562,27 @@ def async_diloco(m: CellModel) -> Prediction:
     clock, walls, comms, link = 0.0, [], [], {}
     flight: tuple[int, float] | None = None  # (step it started at, when it arrives)
     owed, durations = 0, []
+
+    def start(step: int, now: float) -> tuple[int, float]:
+        end = gloo_all_reduce(sim, group, 4 * numel, now, "outer", flows=n)
+        add_bytes(link, _scaled(_all_reduce_bytes(net, group, 4 * numel, sim.transport), n))
+        durations.append(end - now)
+        return step, end
+
     for step in range(opts.steps):
         begin = clock
         clock = _inner(sim, m, numel, clock + compute)
         last = step == opts.steps - 1
         owed += (step + 1) % h == 0 and not last
-
-        def start(now: float) -> tuple[int, float]:
-            end = gloo_all_reduce(sim, group, 4 * numel, now, "outer", flows=n)
-            add_bytes(link, _scaled(_all_reduce_bytes(net, group, 4 * numel, sim.transport), n))
-            durations.append(end - now)
-            return step, end
-
         if flight and (last or step - flight[0] >= opts.max_staleness or flight[1] <= clock):
             clock, flight = max(clock, flight[1]), None
         if flight is None and owed:
-            flight, owed = start(clock), owed - 1
+            flight, owed = start(step, clock), owed - 1
         while last and (flight or owed):
             if flight:
                 clock, flight = max(clock, flight[1]), None
             if owed:
-                flight, owed = start(clock), owed - 1
+                flight, owed = start(step, clock), owed - 1
         walls.append(clock - begin)
         comms.append(clock - begin - compute)
     exposed = _measured(m, comms)
