@@ -145,25 +145,30 @@ def _reaped(pid: int) -> bool:
     return done == pid
 
 
-def shape(key: str, params_json: str) -> int:
-    """Change direction `key` live: `tc change` where it leaves this router, the delay line where it enters."""
+def shape(*pairs: str) -> int:
+    """Change directions live, `KEY PARAMS_JSON [KEY PARAMS_JSON ...]` (a partition: both directions in one call):
+    `tc change` where one leaves this router, the delay line where one enters."""
     from pyroute2 import IPRoute
 
     from testbed.agents.delayline import control as delay_lines
     from testbed.agents.tc import change_tree
 
+    if not pairs or len(pairs) % 2:
+        print("usage: python -m testbed.agents.router shape KEY PARAMS_JSON [KEY PARAMS_JSON ...]", file=sys.stderr)
+        return 2
     config, state = _config(), RouterState.parse(ROUTER_STATE.read_text())
-    params = LinkParams(**json.loads(params_json))
-    old = state.params[key]
-    for end in config.egress:
-        if end.key == key:
-            with IPRoute() as ipr:
-                change_tree(ipr, ipr.link_lookup(ifname=end.ifname)[0], plan_shaping(old, state.shaper),
-                            plan_shaping(params, state.shaper))
-    line = plan_shaping(params, state.shaper).delay_line
-    if line is not None and any(end.key == key for end in config.ingress):
-        delay_lines.reconfigure(_delay_dir(), DELAY_LINE, key, line)
-    state.params[key] = params
+    with IPRoute() as ipr:
+        for key, params_json in zip(pairs[::2], pairs[1::2]):
+            params = LinkParams(**json.loads(params_json))
+            old = state.params[key]
+            for end in config.egress:
+                if end.key == key:
+                    change_tree(ipr, ipr.link_lookup(ifname=end.ifname)[0], plan_shaping(old, state.shaper),
+                                plan_shaping(params, state.shaper))
+            line = plan_shaping(params, state.shaper).delay_line
+            if line is not None and any(end.key == key for end in config.ingress):
+                delay_lines.reconfigure(_delay_dir(), DELAY_LINE, key, line)
+            state.params[key] = params
     state.save()
     return 0
 

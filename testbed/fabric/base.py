@@ -53,6 +53,11 @@ class Fabric(ABC):
 
         raise NotSupported(f"link faults are not supported by {type(self).__name__}")
 
+    def impair_all(self, changes: dict[str, LinkParams]) -> None:
+        """impair() of several directions at once (a partition: both); a backend may change them in parallel."""
+        for key, params in changes.items():
+            self.impair(key, params)
+
     @abstractmethod
     def counters(self) -> dict[str, LinkCounters]: ...
 

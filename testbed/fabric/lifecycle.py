@@ -99,8 +99,7 @@ class Testbed:
         self.state.faults[fault_id] = {key: {"original": asdict(self._original(key)), "impaired": asdict(params)}
                                        for key, params in impaired.items()}
         state_store.save(self.state)  # first: a crash from here on leaves the record `clear` needs
-        for key, params in impaired.items():
-            self.fabric.impair(key, params)
+        self.fabric.impair_all(impaired)
         assert self.fabric.plan is not None
         self.plan = self.fabric.plan
 
@@ -110,9 +109,11 @@ class Testbed:
         record = self.state.faults.get(fault_id)
         if record is None:
             return
+        restored = {}
         for key, entry in record.items():
             others = [r[key]["impaired"] for other, r in self.state.faults.items() if other != fault_id and key in r]
-            self.fabric.impair(key, LinkParams(**(others[-1] if others else entry["original"])))
+            restored[key] = LinkParams(**(others[-1] if others else entry["original"]))
+        self.fabric.impair_all(restored)
         del self.state.faults[fault_id]
         state_store.save(self.state)
         assert self.fabric.plan is not None

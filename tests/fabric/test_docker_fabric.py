@@ -103,8 +103,8 @@ def test_shape_counters_and_health_go_through_the_router_agent():
     client.execs.clear()
     fabric.shape("east->west", LinkParams(latency=0.02, bandwidth=5e8))
     shaped = [(name, argv) for name, argv in client.execs if "shape" in argv]
-    assert [name for name, _ in shaped] == [f"{PREFIX}east-gw", f"{PREFIX}west-gw"]  # sender's tc, receiver's line
-    assert json.loads(shaped[0][1][-1])["latency"] == 0.02
+    assert sorted(name for name, _ in shaped) == [f"{PREFIX}east-gw", f"{PREFIX}west-gw"]  # sender's tc, receiver's line
+    assert all(json.loads(argv[-1])["latency"] == 0.02 for _, argv in shaped)
     assert fabric.plan.link_end("east->west").shaping.params.latency == 0.02
     assert fabric.counters()["east->west"].tx_bytes == 1000
     assert fabric.dead_delay_lines() == []
@@ -112,6 +112,20 @@ def test_shape_counters_and_health_go_through_the_router_agent():
     fabric._health = None
     assert fabric.dead_delay_lines() == ["west-gw"]
     assert not fabric.delay_applied(fabric.plan.link_end("east->west"))
+
+
+def test_a_partition_is_one_shape_exec_per_router_with_both_directions():
+    client = FakeClient()
+    fabric = up(client)
+    client.execs.clear()
+    dark = LinkParams(latency=0.01, loss=1.0)
+    fabric.impair_all({"east->west": dark, "west->east": dark})
+    shaped = {name: argv for name, argv in client.execs if "shape" in argv}
+    assert len([1 for _, argv in client.execs if "shape" in argv]) == 2
+    for router in (f"{PREFIX}east-gw", f"{PREFIX}west-gw"):
+        pairs = shaped[router][shaped[router].index("shape") + 1:]
+        assert pairs[::2] == ["east->west", "west->east"] and all(json.loads(p)["loss"] == 1.0 for p in pairs[1::2])
+    assert {fabric.plan.link_end(k).shaping.params.loss for k in ("east->west", "west->east")} == {1.0}
 
 
 def test_popen_runs_the_one_bootstrap_with_only_the_env_contract(tmp_path):
