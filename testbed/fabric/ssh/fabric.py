@@ -21,6 +21,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -347,30 +348,41 @@ class SshFabric(Fabric):
 
     def shape(self, key: str, params: LinkParams) -> None:
         """Change one direction live: `tc change` on the sending hosts, the delay line on the receiving ones."""
+        self.impair_all({key: params})
+
+    def impair(self, key: str, params: LinkParams) -> None:
+        self.impair_all({key: params})
+
+    def impair_all(self, changes: dict[str, LinkParams]) -> None:
+        """Change directions live, every host at once (its own connection): `tc change` of each direction it
+        sends, one new delay-line configuration (and SIGHUP) if it receives any."""
         plan = self._require()
         assert self.state is not None
-        src, dst = key.split("->")
-        overrides = {**self.state.override_params(), key: params}
-        new = build_hosts_plan(self.topology, self.inventory, plan.network.shaper, self.prefix, overrides,
-                               plan.inventory_file)
-        try:
-            for item in new.hosts:
-                connection = self.connect(item.host)
+        new = build_hosts_plan(self.topology, self.inventory, plan.network.shaper, self.prefix,
+                               {**self.state.override_params(), **changes}, plan.inventory_file)
+        ends = [key.split("->") for key in changes]
+
+        def update(item: HostPlan) -> None:
+            connection = self.connect(item.host)
+            for (src, dst), (key, params) in zip(ends, changes.items()):
                 if item.node.dc == src:
                     for argv in class_commands(item.host.interface, item.classes[dst], params, new.network.shaper,
                                                verb="change"):
                         connection.check(argv, f"re-shaping {key}")
-                if item.node.dc == dst and item.delay_line:
-                    self._write_delay_config(item)
-                    pid = self._supervisor_pid(item)
-                    if not pid or connection.run(["kill", "-HUP", str(pid)], sudo=item.host.sudo).code != 0:
-                        raise RemoteError(f"host {item.host.name}: its delay line is not running; run `testbed up` again")
+            if item.delay_line and any(item.node.dc == dst for _, dst in ends):
+                self._write_delay_config(item)
+                pid = self._supervisor_pid(item)
+                if not pid or connection.run(["kill", "-HUP", str(pid)], sudo=item.host.sudo).code != 0:
+                    raise RemoteError(f"host {item.host.name}: its delay line is not running; run `testbed up` again")
+
+        touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, len(touched))) as pool:
+                for job in [pool.submit(update, item) for item in touched]:
+                    job.result()
         except RemoteError as error:
             raise FabricError(str(error)) from None
         self.hosts_plan = new
-
-    def impair(self, key: str, params: LinkParams) -> None:
-        self.shape(key, params)
 
     def counters(self) -> dict[str, LinkCounters]:
         """Per direction: bytes/packets/drops of the leaf under each sending host's class for the peer DC,
