@@ -258,6 +258,7 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
     from testbed.fabric import cancel
 
     cancel.install()  # Ctrl-C and SIGTERM clear the fault before the command ends (SIGKILL: `fault --clear`)
+    _guard(testbed.fabric.prepare_link_faults)
     driver = FaultDriver(testbed, [spec], "by-hand", 0, None, None, zero=time.time())
     try:
         driver.start()

@@ -53,6 +53,11 @@ class Fabric(ABC):
 
         raise NotSupported(f"link faults are not supported by {type(self).__name__}")
 
+    def prepare_link_faults(self) -> None:
+        """Whatever a first link change would pay once (connections, lookups), paid now: before a fault's clock
+        starts, so that its applied_at measures the change itself."""
+        return
+
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """impair() of several directions at once (a partition: both); a backend may change them in parallel."""
         for key, params in changes.items():

@@ -192,7 +192,7 @@ class DockerFabric(Fabric):
     def attach(self, plan: ContainersPlan, state: FabricState) -> None:
         """Adopt a testbed an earlier process brought up: the plan as the routers resolved it (the state's)."""
         self.state = state
-        self.plan = docker_network_plan(self.topology, state.shaper, self.prefix, state.override_params())
+        self.plan = docker_network_plan(self.topology, state.shaper, self.prefix, state.applied_params())
 
     # --- containers -------------------------------------------------------------------------------
     def _containers(self) -> dict[str, Any]:
@@ -277,6 +277,11 @@ class DockerFabric(Fabric):
 
     def impair(self, key: str, params: LinkParams) -> None:
         self.impair_all({key: params})
+
+    def prepare_link_faults(self) -> None:
+        """Look the routers up (a docker API call each) before a fault's clock starts."""
+        for dc in self.topology.dcs:
+            self._container(f"{dc.name}-gw")
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """Change directions live: one exec per router involved, with every change it makes, the routers in
