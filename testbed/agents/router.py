@@ -6,7 +6,8 @@
             egress link end (netem where this kernel has it, else htb + the userspace delay line on
             ingress, as in the netns backend), then mark itself ready and keep the delay line running. If
             the delay line dies the router exits: its links go dark and the harness sees a stopped router.
-  shape KEY PARAMS_JSON   change one direction live (exec'd by the harness)
+  shape KEY PARAMS_JSON [KEY PARAMS_JSON ...]   change directions live, by hand (the harness writes the same
+            request into the serving router's control FIFO instead: no Python to start, see CONTROL)
   counters  the egress link ends' counters, JSON
   lateness  the delay line's release figures per direction (how late it released packets), JSON
   idle      what a node container runs: nothing, until it is stopped
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,15 @@ from testbed.spec.link import LinkParams
 
 ROUTER_STATE = Path("/run/testbed/router.json")
 DELAY_LINE = "router"  # names the delay line's files
+# `serve` reads requests here, one JSON line each: {"reply": FIFO, "shape": [[KEY, PARAMS], ...]}; it answers
+# "ok" or "error: ..." into the reply FIFO (made by the requester). A `docker exec` of a shell costs ~65 ms here,
+# one of this agent's Python with its imports ~0.4 s: that decides how soon a fault is in force.
+CONTROL = Path("/run/testbed/router.control")
+CONTROL_SCRIPT = (  # what the harness execs in the container: sh -c CONTROL_SCRIPT sh PAIRS_JSON
+    # the reply FIFO is open (fd 3, read-write) before the request goes out, so the router can always answer
+    'r=/run/testbed/reply.$$; rm -f "$r"; mkfifo "$r" || exit 90; exec 3<>"$r"; '
+    f'printf \'{{"reply": "%s", "shape": %s}}\\n\' "$r" "$1" > {CONTROL} || exit 91; '
+    'answer=$(timeout 30 head -n 1 <&3); rm -f "$r"; echo "$answer"; [ "$answer" = ok ]')
 
 
 @dataclass
@@ -124,13 +134,29 @@ def serve() -> int:
     work = _delay_work(config, shaper)
     pid = delay_lines.start_all({DELAY_LINE: work}, _delay_dir(), in_namespace=False)[DELAY_LINE] if work else None
     RouterState(shaper, pid, {end.key: end.params for end in config.egress + config.ingress}).save()
+    CONTROL.unlink(missing_ok=True)
+    os.mkfifo(CONTROL)
+    control = os.open(CONTROL, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(CONTROL, os.O_WRONLY)  # a writer of our own: reads never see end-of-file between requests
     Path(ROUTER_READY).touch()
     print(f"router {config.dc}: ready, shaper {shaper}, {len(config.egress)} links", flush=True)
-    while not stop["flag"]:
-        if pid is not None and _reaped(pid):
-            print(f"router {config.dc}: the delay line died; its links are dark", flush=True)
-            return 1
-        time.sleep(0.2)
+    pending = b""
+    with IPRoute() as ipr:
+        while not stop["flag"]:
+            if pid is not None and _reaped(pid):
+                print(f"router {config.dc}: the delay line died; its links are dark", flush=True)
+                return 1
+            try:
+                ready, _, _ = select.select([control], [], [], 0.2)
+            except InterruptedError:
+                continue
+            if ready:
+                pending += os.read(control, 65536)
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    _answer(ipr, config, line)
+    os.close(keep)
+    os.close(control)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
     return 0
@@ -145,31 +171,55 @@ def _reaped(pid: int) -> bool:
     return done == pid
 
 
-def shape(*pairs: str) -> int:
-    """Change directions live, `KEY PARAMS_JSON [KEY PARAMS_JSON ...]` (a partition: both directions in one call):
-    `tc change` where one leaves this router, the delay line where one enters."""
-    from pyroute2 import IPRoute
-
+def apply_changes(ipr, config: RouterConfig, changes: list[tuple[str, LinkParams]]) -> None:
+    """Change directions live: `tc change` where one leaves this router, the delay line where one enters; the
+    router state records them."""
     from testbed.agents.delayline import control as delay_lines
     from testbed.agents.tc import change_tree
+
+    state = RouterState.parse(ROUTER_STATE.read_text())
+    for key, params in changes:
+        old = state.params[key]
+        for end in config.egress:
+            if end.key == key:
+                change_tree(ipr, ipr.link_lookup(ifname=end.ifname)[0], plan_shaping(old, state.shaper),
+                            plan_shaping(params, state.shaper))
+        line = plan_shaping(params, state.shaper).delay_line
+        if line is not None and any(end.key == key for end in config.ingress):
+            delay_lines.reconfigure(_delay_dir(), DELAY_LINE, key, line)
+        state.params[key] = params
+    state.save()
+
+
+def _answer(ipr, config: RouterConfig, line: bytes) -> None:
+    """One control request: apply it, answer into its reply FIFO (a requester gone meanwhile is skipped)."""
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return
+    try:
+        apply_changes(ipr, config, [(key, LinkParams(**params)) for key, params in request["shape"]])
+        answer = "ok"
+    except Exception as error:  # the requester prints it; the router keeps serving
+        answer = f"error: {type(error).__name__}: {error}".replace("\n", " ")
+    try:
+        fd = os.open(request["reply"], os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write(answer + "\n")
+
+
+def shape(*pairs: str) -> int:
+    """By hand: `shape KEY PARAMS_JSON [KEY PARAMS_JSON ...]` (a partition: both directions in one call)."""
+    from pyroute2 import IPRoute
 
     if not pairs or len(pairs) % 2:
         print("usage: python -m testbed.agents.router shape KEY PARAMS_JSON [KEY PARAMS_JSON ...]", file=sys.stderr)
         return 2
-    config, state = _config(), RouterState.parse(ROUTER_STATE.read_text())
     with IPRoute() as ipr:
-        for key, params_json in zip(pairs[::2], pairs[1::2]):
-            params = LinkParams(**json.loads(params_json))
-            old = state.params[key]
-            for end in config.egress:
-                if end.key == key:
-                    change_tree(ipr, ipr.link_lookup(ifname=end.ifname)[0], plan_shaping(old, state.shaper),
-                                plan_shaping(params, state.shaper))
-            line = plan_shaping(params, state.shaper).delay_line
-            if line is not None and any(end.key == key for end in config.ingress):
-                delay_lines.reconfigure(_delay_dir(), DELAY_LINE, key, line)
-            state.params[key] = params
-    state.save()
+        apply_changes(ipr, _config(), [(key, LinkParams(**json.loads(params)))
+                                       for key, params in zip(pairs[::2], pairs[1::2])])
     return 0
 
 

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from testbed.agents import bootstrap
+from testbed.agents.router import CONTROL_SCRIPT
 from testbed.fabric.docker import fabric as docker_fabric
 from testbed.fabric.docker.fabric import LIVE_CODE, DockerFabric
 from testbed.fabric.errors import FabricError
@@ -102,9 +103,10 @@ def test_shape_counters_and_health_go_through_the_router_agent():
     fabric = up(client)
     client.execs.clear()
     fabric.shape("east->west", LinkParams(latency=0.02, bandwidth=5e8))
-    shaped = [(name, argv) for name, argv in client.execs if "shape" in argv]
+    shaped = [(name, argv) for name, argv in client.execs if argv[:3] == ["sh", "-c", CONTROL_SCRIPT]]
     assert sorted(name for name, _ in shaped) == [f"{PREFIX}east-gw", f"{PREFIX}west-gw"]  # sender's tc, receiver's line
-    assert all(json.loads(argv[-1])["latency"] == 0.02 for _, argv in shaped)
+    assert all(json.loads(argv[-1]) == [["east->west", {"latency": 0.02, "bandwidth": 5e8, "jitter": 0.0, "loss": 0.0,
+                                                        "queue": None}]] for _, argv in shaped)
     assert fabric.plan.link_end("east->west").shaping.params.latency == 0.02
     assert fabric.counters()["east->west"].tx_bytes == 1000
     assert fabric.dead_delay_lines() == []
@@ -120,11 +122,10 @@ def test_a_partition_is_one_shape_exec_per_router_with_both_directions():
     client.execs.clear()
     dark = LinkParams(latency=0.01, loss=1.0)
     fabric.impair_all({"east->west": dark, "west->east": dark})
-    shaped = {name: argv for name, argv in client.execs if "shape" in argv}
-    assert len([1 for _, argv in client.execs if "shape" in argv]) == 2
-    for router in (f"{PREFIX}east-gw", f"{PREFIX}west-gw"):
-        pairs = shaped[router][shaped[router].index("shape") + 1:]
-        assert pairs[::2] == ["east->west", "west->east"] and all(json.loads(p)["loss"] == 1.0 for p in pairs[1::2])
+    requests = [(name, json.loads(argv[-1])) for name, argv in client.execs if argv[:3] == ["sh", "-c", CONTROL_SCRIPT]]
+    assert sorted(name for name, _ in requests) == [f"{PREFIX}east-gw", f"{PREFIX}west-gw"]  # one exec per router
+    for _, pairs in requests:
+        assert [key for key, _ in pairs] == ["east->west", "west->east"] and all(p["loss"] == 1.0 for _, p in pairs)
     assert {fabric.plan.link_end(k).shaping.params.loss for k in ("east->west", "west->east")} == {1.0}
 
 

@@ -44,9 +44,10 @@ class Backend:
     cli: Callable[..., subprocess.CompletedProcess]
     up_options: list[str] = field(default_factory=list)
     leftovers: Callable[[], list[str]] = list
-    # how late a hand-made link fault may be applied and cleared: issue 16's 0.25 s holds on netns; measured
-    # here 2026-11-23: ssh 0.21-0.27 s (one SSH exec per host, ~0.1-0.2 s each), docker 0.6-1.2 s (one
-    # `docker exec` of the router agent per router, each starting a Python): neither meets it yet
+    # how late a hand-made link fault may be applied and cleared. Measured here 2026-11-23 (issue 16's goal is
+    # 0.25 s): netns 0.002-0.011 s; ssh 0.21-0.27 s (one SSH exec per host, ~0.1-0.2 s each); docker
+    # 0.09-0.19 s (one `docker exec` of a shell per router, ~65 ms, handing the change to the serving agent).
+    # The bounds leave ssh and docker room for a busier machine.
     fault_bound_s: float = 0.25
 
 
@@ -63,7 +64,7 @@ def docker(prefix: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backe
 
     image = request.getfixturevalue("docker_image")
     return Backend("docker", run_cli, ["--backend", "docker", "--image", image], leftovers=lambda: labelled(prefix),
-                   fault_bound_s=2.0)
+                   fault_bound_s=0.5)
 
 
 def ssh(prefix: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
