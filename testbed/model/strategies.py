@@ -86,8 +86,9 @@ def _round_trips(net: Network, seconds: float) -> str:
     return f" (= {seconds / rtt:.1f} round trips of {rtt * 1e3:.1f} ms)" if rtt > 1e-4 else ""
 
 
-def _tokens(m: CellModel, samples_per_rank: int) -> float:
-    return samples_per_rank * m.network.world * shapes.config(m.opts).seq_len
+def _tokens(m: CellModel) -> float:
+    """Tokens one step of a data-parallel strategy trains: every rank its micro-batches."""
+    return m.opts.micro_batch * m.opts.micro_batches * m.network.world * shapes.config(m.opts).seq_len
 
 
 def _mean(values: list[float]) -> float:
@@ -140,6 +141,22 @@ def _inter_reduce(sim: Sim, ranks: list[int], numel: int, codec: str, start: flo
     return end, link
 
 
+def _bucket_ready(m: CellModel, clock: float, buckets: list[int]) -> list[float]:
+    """When each gradient bucket (in the order backward fills them) is final, for a step starting at `clock`:
+    synthetic compute spreads every micro-batch's backward over the buckets after all forwards; real compute
+    arms the hooks for the last micro-batch's backward only."""
+    compute = m.compute_s * m.opts.micro_batches
+    if m.opts.synthetic:
+        backward_from, backward = clock + compute * (1 - BACKWARD_SHARE), compute * BACKWARD_SHARE
+    else:
+        backward_from, backward = clock + compute - m.compute_s * BACKWARD_SHARE, m.compute_s * BACKWARD_SHARE
+    total, done, ready = sum(buckets), 0, []
+    for size in buckets:
+        done += size
+        ready.append(backward_from + backward * done / total)
+    return ready
+
+
 def _dc_groups(net: Network) -> list[list[int]]:
     return [list(range(net.dc_start(dc), net.dc_start(dc) + size)) for dc, size in enumerate(net.sizes)]
 
@@ -166,7 +183,7 @@ def flat_dp(m: CellModel) -> Prediction:
         walls.append(clock - begin)
     exposed = _measured(m, comms)
     return Prediction("flat-dp", _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"exposed communication is the ring all-reduce of {4 * numel / 1e6:.2f} MB over all "
                               f"{net.world} ranks: {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
 
@@ -203,7 +220,7 @@ def hier_dp(m: CellModel) -> Prediction:
     exposed = _measured(m, comms)
     n = min(net.sizes)
     return Prediction("hier-dp", _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"exposed communication is the reduce-scatter in the DC, the all-reduce of a "
                               f"{4 * numel / n / 1e6:.2f} MB shard across DCs ({n} groups at once) and the all-gather: "
                               f"{exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
@@ -217,7 +234,6 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
     sim = Sim(net, t)
     cfg = shapes.config(opts)
     buckets = shapes.buckets(cfg, opts.bucket_mb)
-    total = sum(buckets)
     n = min(net.sizes)
     dc = _dc_groups(net)[0]
     group = net.inter_groups()[0]
@@ -228,14 +244,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
     lane_slots = {lane: [0.0, 0.0] for lane in range(lanes)}  # ProcessGroupGloo runs two works at a time
     for _step in range(opts.steps):
         begin = clock
-        if opts.synthetic:  # forward of every micro-batch, then each bucket's share of the whole backward
-            backward_from, backward = clock + compute * (1 - BACKWARD_SHARE), compute * BACKWARD_SHARE
-        else:  # hooks are armed for the last micro-batch's backward only
-            backward_from, backward = clock + compute - m.compute_s * BACKWARD_SHARE, m.compute_s * BACKWARD_SHARE
-        ready, done_so_far = [], 0
-        for size in buckets:
-            done_so_far += size
-            ready.append(backward_from + backward * done_so_far / total)
+        ready = _bucket_ready(m, clock, buckets)
         compute_end = clock + compute
         launch, gather = clock, clock
         link = {}
@@ -264,7 +273,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
         walls.append(clock - begin)
     exposed = _measured(m, comms)
     return Prediction("hier-dp-overlap", _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"{len(buckets)} buckets, each shard's all-reduce across DCs cut into {chunks} chunks on "
                               f"{lanes} lanes and started during backward: {exposed * 1e3:.0f} ms left exposed after "
                               f"compute{_round_trips(net, exposed)}")
@@ -281,7 +290,6 @@ def ddp(m: CellModel) -> Prediction:
         raise KeyError(f"the cost model has no predictor for ddp with comm_hook {opts.comm_hook!r} (covered: none, fp16)")
     sim = Sim(net, t)
     buckets = shapes.ddp_buckets(shapes.config(opts), opts.bucket_cap_mb)
-    total = sum(buckets)
     world = list(range(net.world))
     element = 2 if opts.comm_hook == "fp16" else 4
     compute = m.compute_s * opts.micro_batches
@@ -289,12 +297,10 @@ def ddp(m: CellModel) -> Prediction:
     slots = [0.0, 0.0]  # ProcessGroupGloo's two worker threads
     for _step in range(opts.steps):
         begin = clock
-        backward_from, backward = clock + compute - m.compute_s * BACKWARD_SHARE, m.compute_s * BACKWARD_SHARE
-        done, ready, link = clock, 0, {}
-        for size in buckets:
-            ready += size
+        done, link = clock, {}
+        for size, ready in zip(buckets, _bucket_ready(m, clock, buckets)):  # DDP runs real compute only
             slot = min(range(2), key=lambda k: slots[k])
-            start = max(backward_from + backward * ready / total, slots[slot])
+            start = max(ready, slots[slot])
             slots[slot] = gloo_all_reduce(sim, world, element * size, start, "ddp")
             done = max(done, slots[slot])
             add_bytes(link, _ring_bytes(net, world, element * size, ("rs", "ag"), t.segment_bytes))
@@ -305,7 +311,7 @@ def ddp(m: CellModel) -> Prediction:
     exposed = _measured(m, comms)
     hook = " in fp16 (DDP's fp16_compress_hook)" if opts.comm_hook == "fp16" else ""
     return Prediction("ddp", _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"DDP's {len(buckets)} buckets, each all-reduced over all {net.world} ranks{hook} as "
                               f"the last micro-batch's backward produces it: {exposed * 1e3:.0f} ms left exposed after "
                               f"compute{_round_trips(net, exposed)}")
@@ -372,7 +378,7 @@ def _sharded(m: CellModel, name: str) -> Prediction:
     exposed = _measured(m, comms)
     where = "inside each DC, the shard's all-reduce across DCs" if name == "hsdp" else f"over all {net.world} ranks"
     return Prediction(name, _measured(m, walls), m.compute_s * opts.micro_batches, exposed,
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=link,
+                      tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"FSDP2's {len(units)} units gathered and reduced {where}, every collective blocking "
                               f"(no CUDA stream on CPU): {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
 
@@ -544,7 +550,7 @@ def diloco(m: CellModel) -> Prediction:
         walls.append(clock - begin)
         comms.append(clock - begin - compute)
     return Prediction(opts.strategy, _measured(m, walls), compute, _measured(m, comms),
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches), link_bytes=per_step_link,
+                      tokens_per_step=_tokens(m), link_bytes=per_step_link,
                       explain=f"an outer synchronisation every {h} steps costs {outer_cost * 1e3:.0f} ms, "
                               f"{outer_cost / h * 1e3:.1f} ms per step amortised")
 
@@ -588,7 +594,7 @@ def async_diloco(m: CellModel) -> Prediction:
     exposed = _measured(m, comms)
     outer = max(durations, default=0.0)
     return Prediction(opts.strategy, _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches),
+                      tokens_per_step=_tokens(m),
                       link_bytes=_scaled(link, 1 / opts.steps),
                       explain=f"an outer synchronisation every {h} steps takes {outer * 1e3:.0f} ms in the background "
                               f"(waited for only at {opts.max_staleness} steps' staleness and at the end): "
@@ -627,7 +633,7 @@ def streaming_diloco(m: CellModel) -> Prediction:
         walls.append(clock - begin)
         comms.append(clock - begin - compute)
     return Prediction("streaming-diloco", _measured(m, walls), compute, _measured(m, comms),
-                      tokens_per_step=_tokens(m, opts.micro_batch * opts.micro_batches),
+                      tokens_per_step=_tokens(m),
                       link_bytes=_scaled(link_total, 1 / opts.steps),
                       explain=f"{count} fragments synchronised in turn every {period} steps, each hidden behind "
                               f"{opts.overlap_steps} inner steps")
