@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from testbed.spec import units
+from testbed.spec.link import unit_field
 
 LINK_KINDS = ("partition", "loss-burst", "latency", "bandwidth", "flap")
 RANK_KINDS = ("kill", "straggler")
@@ -98,20 +99,9 @@ class Fault(BaseModel):
     def _at(cls, value: Any) -> At:
         return parse_at(value)
 
-    @field_validator("duration", "latency", "jitter", "period", "down", mode="before")
-    @classmethod
-    def _duration(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_duration(value)
-
-    @field_validator("loss", mode="before")
-    @classmethod
-    def _loss(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_fraction(value)
-
-    @field_validator("bandwidth", mode="before")
-    @classmethod
-    def _bandwidth(cls, value: Any) -> float | None:
-        return None if value is None else units.parse_rate(value)
+    _duration = unit_field(units.parse_duration, "duration", "latency", "jitter", "period", "down")
+    _loss = unit_field(units.parse_fraction, "loss")
+    _bandwidth = unit_field(units.parse_rate, "bandwidth")
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> Fault:
