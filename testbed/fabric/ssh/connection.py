@@ -99,9 +99,13 @@ class Connection:
         """run(), raising RemoteError (one line naming the host and `what`) on a non-zero exit."""
         out = self.run(argv, timeout=timeout, sudo=sudo)
         if out.code != 0:
-            detail = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or [f"exit code {out.code}"]
-            raise RemoteError(f"host {self.host.name}: {what} failed: {detail[0]}")
+            raise self.failure(out, what)
         return out.stdout
+
+    def failure(self, out: Result, what: str) -> RemoteError:
+        """One line naming the host, `what` failed and the last line the command printed (or its exit code)."""
+        detail = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or [f"exit code {out.code}"]
+        return RemoteError(f"host {self.host.name}: {what} failed: {detail[0]}")
 
     def close(self) -> None:
         if self._sftp is not None:

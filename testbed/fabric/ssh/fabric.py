@@ -357,10 +357,11 @@ class SshFabric(Fabric):
         self.impair_all({key: params})
 
     def prepare_link_faults(self) -> None:
-        """Connect to every host (and open its SFTP channel) in parallel: an SSH handshake is most of a first change."""
+        """Connect to every host in parallel: an SSH handshake is most of a first change (which needs no SFTP:
+        impair_all writes the delay line's configuration in its one exec)."""
         items = self._require().hosts
         with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-            for job in [pool.submit(lambda item=item: self.connect(item.host).sftp()) for item in items]:
+            for job in [pool.submit(self.connect, item.host) for item in items]:
                 job.result()
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
@@ -379,22 +380,23 @@ class SshFabric(Fabric):
                         for argv in class_commands(item.host.interface, item.classes[dst], params,
                                                    new.network.shaper, verb="change")]
             script = ["set -e", *map(shlex.join, commands)]
+            gone = f"host {item.host.name}: its delay line is not running; run `testbed up` again"
             if item.delay_line and any(item.node.dc == dst for _, dst in ends):
                 pid = self._supervisor_pid(item)
                 if not pid:
-                    raise RemoteError(f"host {item.host.name}: its delay line is not running; run `testbed up` again")
+                    raise RemoteError(gone)
                 config = str(self._delay_files(item).config)  # written in the same exec: no SFTP round trips
                 script += [f"printf %s {shlex.quote(dump_config(item.delay_line))} > {shlex.quote(config + '.tmp')}",
                            f"mv {shlex.quote(config + '.tmp')} {shlex.quote(config)}",
                            f"kill -HUP {pid} || exit {DELAY_LINE_GONE}"]
             if len(script) == 1:
                 return
-            out = self.connect(item.host).run(["sh", "-c", "\n".join(script)])
+            connection = self.connect(item.host)
+            out = connection.run(["sh", "-c", "\n".join(script)])
             if out.code == DELAY_LINE_GONE:
-                raise RemoteError(f"host {item.host.name}: its delay line is not running; run `testbed up` again")
+                raise RemoteError(gone)
             if out.code != 0:
-                detail = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or [f"exit code {out.code}"]
-                raise RemoteError(f"host {item.host.name}: re-shaping {', '.join(changes)} failed: {detail[0]}")
+                raise connection.failure(out, f"re-shaping {', '.join(changes)}")
 
         touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
         try:
