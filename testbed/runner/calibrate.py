@@ -59,7 +59,7 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
     return {"records": records, "probe": probe, "link_bytes": counter_delta(before, after),
             "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
             "link_params": {k: _params(testbed, k) for k in after}, "world": len(specs),
-            "seconds": outcome.seconds, "launcher": "fork" if group.forked else "exec"}
+            "seconds": outcome.seconds, "launcher": group.launcher}
 
 
 def _params(testbed: Testbed, key: str) -> dict[str, Any]:

@@ -206,7 +206,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
               "reason": outcome.reason, "failed_rank": outcome.failed_rank, "log_tail": outcome.log_tail,
               "seconds": outcome.seconds, "started": started, "launched": launched,
-              "launcher": "fork" if group.forked else "exec", "calibration": probe,
+              "launcher": group.launcher, "calibration": probe,
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},

@@ -117,7 +117,7 @@ class RankGroup:
         self._logs = []
         base = base_env()
         module = forked_module(argv) if forks is not None else None
-        self.forked = module is not None
+        self.launcher = "fork" if module is not None else "exec"  # how its ranks started, for the records
         try:
             for spec in specs:
                 if module is not None:
