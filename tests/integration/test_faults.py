@@ -145,11 +145,15 @@ def test_every_link_kind_is_applied_as_the_probe_and_status_see_it_and_cleared(p
     assert {link["key"]: link["bandwidth"] for link in status["links"] if link["kind"] == "inter-dc"} == {
         "east->west": "10mbit", "west->east": "10mbit"}
     flap: list[subprocess.Popen] = []
-    flapped = _pings(prefix, 160, during=lambda: flap.append(_fault("flap", "east", "west", "--for", "3s",
+    # 6 s of pings: the flap's 2.3 s start 0.5 s in, after the fault command's own start (up to 2 s in CI; with
+    # 4 s of pings the third window was cut short there)
+    flapped = _pings(prefix, 240, during=lambda: flap.append(_fault("flap", "east", "west", "--for", "3s",
                                                                     "--period", "1s", "--down", "300ms")))
     out, err = flap[0].communicate(timeout=30)
     assert flap[0].returncode == 0 and out.count("flap east<->west") == 3, (out, err)
-    gaps = [len(run) * INTERVAL for run in _runs(flapped["lost"])]
+    runs = _runs(flapped["lost"])
+    gaps = [len(run) * INTERVAL for run in runs]
+    assert runs and runs[-1][-1] < 239, "the pings ended before the flap did"
     assert len(gaps) == 3 and all(0.2 <= gap <= 0.45 for gap in gaps), gaps  # three 300 ms windows
     after = _pings(prefix, 40)  # every fault cleared: the link as configured
     assert after["received"] == 40 and 20.0 <= sorted(after["rtts"])[20] * 1e3 <= 22.0

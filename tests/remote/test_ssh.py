@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from testbed.fabric.lifecycle import bring_up
+from testbed.fabric.ssh.connection import Result
 from testbed.spec import load_topology
 
 from ..conftest import TOPOLOGIES, run_cli
@@ -84,6 +85,36 @@ def test_wrong_client_key_fails_in_one_line(hosts):
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "authentication as root with key" in errors[0] and "failed" in errors[0]
+
+
+def test_the_kept_open_shell_answers_each_script_and_replaces_a_dead_or_stuck_one(hosts):
+    """Connection.script: output and exit status per script (set -e), `exit` ends only that script, a shell
+    that died or did not answer in time is one line and the next script gets a fresh shell."""
+    from pyroute2 import netns
+
+    from testbed.fabric.ssh.connection import Connection, RemoteError
+    from testbed.spec.inventory import load_inventory
+
+    host = next(h for _, h in load_inventory(hosts["inventory"]).hosts() if h.name == "west-0")
+    netns.pushns(hosts["testbed"].plan.node("east-0").ns)  # the socket is made where west-0 is reachable
+    try:
+        connection = Connection(host, host.key_path(hosts["dir"]), hosts["known_hosts"])
+    finally:
+        netns.popns()
+    with connection:
+        connection.open_shell()
+        assert connection.script(["echo one", "echo two >&2", "printf three"]) == Result(0, "one\ntwo\nthree", "")
+        assert connection.script(["echo before", "false", "echo after"]) == Result(1, "before\n", "")
+        assert connection.script(["exit 7"]).code == 7
+        first = connection.script(["echo $$"]).stdout.strip()
+        assert connection.script(["echo $$"]).stdout.strip() == first  # the same shell, kept open
+        with pytest.raises(RemoteError, match=r"^host west-0: the remote shell ended"):
+            connection.script(["kill -9 $$"])
+        fresh = connection.script(["echo $$"])
+        assert fresh.code == 0 and fresh.stdout.strip() != first
+        with pytest.raises(RemoteError, match=r"did not answer within 0\.5 s"):
+            connection.script(["sleep 2"], timeout=0.5)
+        assert connection.script(["echo back"]) == Result(0, "back\n", "")
 
 
 def test_bad_inventory_is_one_line(tmp_path, state_dir):

@@ -357,16 +357,17 @@ class SshFabric(Fabric):
         self.impair_all({key: params})
 
     def prepare_link_faults(self) -> None:
-        """Connect to every host in parallel: an SSH handshake is most of a first change (which needs no SFTP:
-        impair_all writes the delay line's configuration in its one exec)."""
+        """Connect to every host in parallel and open its kept-open shell: an SSH handshake and a new session
+        are most of a first change (which needs no SFTP: impair_all writes the delay line's configuration in
+        the same script)."""
         items = self._require().hosts
         with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-            for job in [pool.submit(self.connect, item.host) for item in items]:
+            for job in [pool.submit(lambda host: self.connect(host).open_shell(), item.host) for item in items]:
                 job.result()
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
-        """Change directions live, every host at once (its own connection): `tc change` of each direction it
-        sends, one new delay-line configuration (and SIGHUP) if it receives any."""
+        """Change directions live, every host at once (its own connection's kept-open shell): `tc change` of
+        each direction it sends, one new delay-line configuration (and SIGHUP) if it receives any."""
         plan = self._require()
         assert self.state is not None
         new = build_hosts_plan(self.topology, self.inventory, plan.network.shaper, self.prefix,
@@ -374,12 +375,11 @@ class SshFabric(Fabric):
         ends = [key.split("->") for key in changes]
 
         def update(item: HostPlan) -> None:
-            """One SSH exec per host (each costs ~0.1 s here): its tc changes, then the delay line's new
-            configuration and reload."""
+            """One script per host: its tc changes, then the delay line's new configuration and reload."""
             commands = [argv for (src, dst), params in zip(ends, changes.values()) if item.node.dc == src
                         for argv in class_commands(item.host.interface, item.classes[dst], params,
                                                    new.network.shaper, verb="change")]
-            script = ["set -e", *map(shlex.join, commands)]
+            script = list(map(shlex.join, commands))
             gone = f"host {item.host.name}: its delay line is not running; run `testbed up` again"
             if item.delay_line and any(item.node.dc == dst for _, dst in ends):
                 pid = self._supervisor_pid(item)
@@ -389,10 +389,10 @@ class SshFabric(Fabric):
                 script += [f"printf %s {shlex.quote(dump_config(item.delay_line))} > {shlex.quote(config + '.tmp')}",
                            f"mv {shlex.quote(config + '.tmp')} {shlex.quote(config)}",
                            f"kill -HUP {pid} || exit {DELAY_LINE_GONE}"]
-            if len(script) == 1:
+            if not script:
                 return
             connection = self.connect(item.host)
-            out = connection.run(["sh", "-c", "\n".join(script)])
+            out = connection.script(script)
             if out.code == DELAY_LINE_GONE:
                 raise RemoteError(gone)
             if out.code != 0:
