@@ -2,15 +2,17 @@
 
 1. Cost and false positives: flat-dp on DCS x RANKS ranks (real compute, the tiny GPT) for --steps steps, the
    checks off and then on (alternating over --reps): the median step with and without them, the checks' own
-   time as a share of the step (sdc_check_s / wall_s, median over rank-steps), the gradient-norm alarms the
-   replay resolved as the data's own (`reproduced`), and the false verdicts (nothing is injected: any
-   `transient` or `persistent` is one) over all the clean rank-steps.
+   time as a share of the step (sdc_check_s / wall_s, median over rank-steps: the digest, the norm, the gradient
+   checksums' sums in backward and their comparison), the alarms (checksum or norm) the replay resolved as the
+   data's own (`reproduced`), and the false verdicts (nothing is injected: any `transient` or `persistent` is
+   one) over all the clean rank-steps.
 2. What is caught, per bit: --flips gradient (and parameter) flips of each bit in --bits, each in a random
    element (seeded) of a random parameter on a random rank at its own step, one run per bit, target and
    replay share (--replay, gradients only: the parameter digest sees every flip); the share detected at the
-   injected rank and step.
+   injected rank and step; for the flips missed, the largest change they made to their element and the
+   tensors they were in.
 
-Usage: .venv/bin/python bench/sdc_detection.py [--steps 2500] [--reps 1] [--bits 0,10,20,22,23,26,30,31]
+Usage: .venv/bin/python bench/sdc_detection.py [--steps 2500] [--reps 1] [--bits 0,10,...,31]
        [--flips 20] [--replay 0,0.1]
 """
 
@@ -72,7 +74,7 @@ def cost(steps: int, reps: int) -> dict:
                 found = [r for r in rows if r["event"] == "sdc_detected"]
                 alarms += sum(r["classification"] == "reproduced" for r in found)
                 false += sum(r["classification"] != "reproduced" for r in found)
-    return {"clean rank-steps checked": rank_steps, "norm alarms (replay: reproduced)": alarms,
+    return {"clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
             "false positives (SDC verdicts)": false,
             "step median off ms": statistics.median(off) * 1e3, "step median on ms": statistics.median(on) * 1e3,
             "checks / step (median) %": statistics.median(shares) * 100,
@@ -93,10 +95,13 @@ def caught(bits: list[int], flips: int, target: str, seed: int, replay: float = 
         injected = [r for r in rows if r["event"] == "sdc_injected"]
         found = sum((r["rank"], r["step"]) in hits for r in injected)
         changed = sum(r["before"] != r["after"] for r in injected)
+        missed = [r for r in injected if (r["rank"], r["step"]) not in hits]
         out.append({"target": target, "replay share": replay if target == "gradient" else "-", "bit": bit,
                     "flips": len(injected), "caught at rank and step": found, "rate": found / len(injected),
                     "by": ",".join(sorted({r["detected_by"] for r in verdicts})) or "-",
-                    "other verdicts": len(hits) - found, "value changed": changed})
+                    "other verdicts": len(hits) - found, "value changed": changed,
+                    "missed: largest |change|": max((abs(r["after"] - r["before"]) for r in missed), default="-"),
+                    "missed in": ",".join(sorted({r["tensor"].split(".", 1)[1] for r in missed})) or "-"})
     return out
 
 
@@ -104,10 +109,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--bits", default="0,10,20,22,23,26,30,31")
+    parser.add_argument("--bits", default="0,10,20,22,23,24,25,26,27,28,29,30,31")
     parser.add_argument("--flips", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--replay", default="0,0.1", help="replay shares for the gradient flips")
+    parser.add_argument("--replay", default="0", help="replay shares for the gradient flips (comma-separated)")
     args = parser.parse_args()
     started = time.time()
     print(f"flat-dp, {DCS} DCs x {RANKS} ranks on loopback, tiny GPT, real compute, micro-batch {BASE.micro_batch}")

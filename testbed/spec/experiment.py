@@ -26,7 +26,8 @@ LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distanc
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
-SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")  # where replicas are bit-identical after every step
+# where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs)
+SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "diloco", "streaming-diloco", "async-diloco")
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 

@@ -6,8 +6,10 @@ the experiment's `faults:`; the element is the one named, else chosen by the fau
 
 Detection (TESTBED_SDC_CHECK=1), every step:
 - gradients, which an all-reduce would spread to every rank unnoticed: each rank checks its own gradient before
-  the collective; an anomaly is a non-finite norm, or a norm or largest element above GRAD_FACTOR times the
-  median of this rank's last HISTORY steps. The step's local gradient is then recomputed (a replay: samples
+  the collective; an anomaly is a gradient that does not sum to its checksums (testbed.workload.gradsums: sums
+  taken on the side in backward, which see an exponent flip of all but the smallest elements), a non-finite
+  norm, or a norm or largest element above GRAD_FACTOR times the median of this rank's last HISTORY steps
+  (for parameters the checksums do not cover). The step's local gradient is then recomputed (a replay: samples
   are a pure function of seed, step and index): the same bits again mean no corruption (`reproduced`: the
   data's own spike), other bits mean the first was corrupt (`transient` when the replay passes, and its
   gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). With
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from testbed.workload.gradsums import GradientChecksums
 
 GRAD_FACTOR = 10.0  # a gradient norm (or largest element) this many times its recent median is an anomaly
 HISTORY = 20  # steps of each rank's gradient history the median is taken over
@@ -105,8 +109,9 @@ class Guard:
 
     def __init__(self, rank: int, names: list[str], params: list[torch.nn.Parameter], group: object,
                  group_ranks: list[int], injections: list[Injection], check: bool, replay_rate: float = 0.0,
-                 seed: int = 0) -> None:
-        self.rank, self.names, self.params = rank, names, params
+                 seed: int = 0, sums: GradientChecksums | None = None) -> None:
+        """`sums`: the model's gradient checksums, when its gradients are computed (not synthetic)."""
+        self.rank, self.names, self.params, self.sums = rank, names, params, sums
         self.replay_rate, self.seed = replay_rate, seed
         self.group, self.group_ranks = group, group_ranks
         self.injections, self.check = injections, check
@@ -116,10 +121,19 @@ class Guard:
         self.check_s = 0.0
 
     def take(self) -> tuple[list[dict], float]:
-        """Events since the last call, and the seconds the checks took (the detection cost)."""
+        """Events since the last call, and the seconds the checks took (the detection cost, the checksums'
+        share of backward included)."""
         events, seconds = self.events, self.check_s
+        if self.sums is not None:
+            seconds += self.sums.seconds
+            self.sums.seconds = 0.0
         self.events, self.check_s = [], 0.0
         return events, seconds
+
+    def gradients_zeroed(self) -> None:
+        """The step's (or its replay's) backward starts afresh: so do the checksums."""
+        if self.sums is not None:
+            self.sums.reset()
 
     # --- injection ------------------------------------------------------------------------------------------
     def _inject(self, step: int, target: str) -> None:
@@ -141,7 +155,9 @@ class Guard:
                                 "tensor": name, "index": index, "bit": item.bit, "before": before, "after": after})
 
     # --- gradients ------------------------------------------------------------------------------------------
-    def _gradient_anomaly(self) -> tuple[bool, float, float]:
+    def _gradient_anomaly(self) -> tuple[str | None, float, float]:
+        """What found this rank's gradient anomalous ("grad-checksum", "grad-norm"; None: nothing), its norm and
+        largest element."""
         squares = torch.zeros((), dtype=torch.float64)
         peak = 0.0
         for param in self.params:
@@ -152,9 +168,11 @@ class Guard:
         bad = not (torch.isfinite(torch.tensor(norm)) and torch.isfinite(torch.tensor(peak)))
         if not bad and self.norms:
             bad = norm > GRAD_FACTOR * statistics.median(self.norms) or peak > GRAD_FACTOR * statistics.median(self.peaks)
-        return bad, norm, peak
+        if self.sums is not None and self.sums.mismatches():
+            return "grad-checksum", norm, peak
+        return ("grad-norm" if bad else None), norm, peak
 
-    def _grad_checksum(self) -> int:
+    def _grad_digest(self) -> int:
         return checksum([param.grad for param in self.params])
 
     def _sampled(self, step: int) -> bool:
@@ -174,7 +192,7 @@ class Guard:
         start = time.perf_counter()
         bad, norm, peak = self._gradient_anomaly()
         sampled = not bad and self._sampled(step)
-        first = self._grad_checksum() if bad or sampled else None
+        first = self._grad_digest() if bad or sampled else None
         self.check_s += time.perf_counter() - start
         if first is None:
             self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
@@ -182,7 +200,7 @@ class Guard:
         loss = replay()  # recomputing is recovery as much as detection: its time is in the step, not check_s
         start = time.perf_counter()
         again, norm, peak = self._gradient_anomaly()
-        second = self._grad_checksum()
+        second = self._grad_digest()
         self.check_s += time.perf_counter() - start
         if second == first:
             classification = "reproduced" if bad else None
@@ -190,10 +208,10 @@ class Guard:
             classification = "persistent" if again else "transient"
         else:  # a sampled replay disagreed with a gradient that looked normal: which of the two is right?
             loss = replay()
-            classification = "transient" if self._grad_checksum() == second else "persistent"
+            classification = "transient" if self._grad_digest() == second else "persistent"
         if classification is not None:
             self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
-                                "detected_by": "grad-norm" if bad else "replay-sample", "suspect_rank": self.rank,
+                                "detected_by": bad or "replay-sample", "suspect_rank": self.rank,
                                 "classification": classification})
         if classification != "persistent":
             self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]

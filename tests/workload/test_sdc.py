@@ -132,9 +132,12 @@ def test_clean_steps_raise_nothing():
 
 
 def test_exponent_flips_are_caught_at_the_injected_rank_and_step_and_rolled_back(tmp_path, monkeypatch):
-    """2 DCs x 2 ranks, real compute: bit 30 of a gradient element on rank 1 at step 3 and of a parameter
-    element on rank 2 at step 2, in flat-dp and hier-dp; nothing else is flagged, replicas end identical."""
+    """2 DCs x 2 ranks, real compute: bit 30 of a gradient element on rank 1 at step 3, bit 24 (a factor of 2^2,
+    which the gradient's norm does not notice) of one on rank 0 at step 4, and bit 30 of a parameter element on
+    rank 2 at step 2, in flat-dp and hier-dp; nothing else is flagged, replicas end identical."""
     injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
+                   "seed": 0},
+                  {"rank": 0, "step": 4, "target": "gradient", "bit": 24, "tensor": "2.mlp.0.weight", "index": 100,
                    "seed": 0},
                   {"rank": 2, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
     env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
@@ -151,11 +154,36 @@ def test_exponent_flips_are_caught_at_the_injected_rank_and_step_and_rolled_back
         injected = sorted((e["rank"], e["step"], e["target"]) for e in events if e["event"] == "sdc_injected")
         caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
                         for e in events if e["event"] == "sdc_detected")
-        assert injected == [(1, 3, "gradient"), (2, 2, "parameter")], name
-        assert caught == [(1, 3, "gradient", "grad-norm", "transient"),
+        assert injected == [(0, 4, "gradient"), (1, 3, "gradient"), (2, 2, "parameter")], name
+        assert caught == [(0, 4, "gradient", "grad-checksum", "transient"),
+                          (1, 3, "gradient", "grad-checksum", "transient"),
                           (2, 2, "parameter", "param-checksum", "transient")], (name, caught)
         params = [out[name][r]["params"] for r in range(4)]
         for key in params[0]:
             assert all(torch.equal(params[0][key], p[key]) for p in params[1:]), (name, key)
         assert all(torch.isfinite(params[0][k]).all() for k in params[0])
         assert all(r["sdc_check_s"] >= 0 for r in out[name][0]["records"])
+
+
+def test_the_diloco_strategies_catch_flips_inside_each_dc(tmp_path):
+    """2 DCs x 3 ranks, inner steps of 2: a gradient flip of bit 25 (a factor of 2^4) on rank 1 at step 3 is
+    caught by the gradient checksums before the DC's all-reduce; a parameter flip on rank 4 at step 2 by the
+    digest over its DC's ranks (the replicas between outer syncs), which restores it from the DC's majority."""
+    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 25, "tensor": "2.mlp.0.weight", "index": 100,
+                   "seed": 0},
+                  {"rank": 4, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
+    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    base = Options(steps=6, micro_batch=2, micro_batches=1, seed=3, inner_steps=2)
+    out = run(tmp_path, 2, 3, {"diloco": replace(base, strategy="diloco"),
+                               "async": replace(base, strategy="async-diloco")}, env=env)
+    for name in ("diloco", "async"):
+        events = [record for rank in range(6)
+                  for line in (tmp_path / name / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
+                  if (record := json.loads(line))["event"].startswith("sdc")]
+        caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
+                        for e in events if e["event"] == "sdc_detected")
+        assert caught == [(1, 3, "gradient", "grad-checksum", "transient"),
+                          (4, 2, "parameter", "param-checksum", "transient")], (name, caught)
+        for dc in ((0, 1, 2), (3, 4, 5)):
+            params = [out[name][r]["params"] for r in dc]
+            assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), (name, dc)

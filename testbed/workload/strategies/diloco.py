@@ -48,14 +48,20 @@ class DiLoCo(DataParallel):
         """Inner data parallelism: average gradients over this DC's nodes."""
         average_in_dc(self.ctx, self.params)
 
+    def replicas(self) -> tuple[object, list[int]]:
+        """Between outer syncs only a DC's ranks hold the same parameters."""
+        return self.ctx.groups.intra, list(self.ctx.groups.intra_ranks)
+
     def inner_step(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
-        """One step of data parallelism inside the DC with the inner optimizer; returns the loss."""
-        loss = self.compute(index, micro_batches)
+        """One step of data parallelism inside the DC with the inner optimizer, its gradients checked before the
+        DC's all-reduce and its parameters after the update when SDC is checked; returns the loss."""
+        loss = self.checked_gradients(index, micro_batches, self.compute(index, micro_batches))
         start = time.perf_counter()
         self.sync()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
         if self.ctx.synthetic_s is None:
             self.optimizer.step()
+        self.checked_parameters(index)
         return loss
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
@@ -65,7 +71,7 @@ class DiLoCo(DataParallel):
             start = time.perf_counter()
             self.outer_step(list(range(len(self.params))))
             self.ctx.meter.add("exposed_s", time.perf_counter() - start)
-        return {"loss": loss, "outer_step": outer}
+        return self.with_sdc({"loss": loss, "outer_step": outer})
 
     def pseudo_gradient_average(self, indexes: list[int]) -> torch.Tensor:
         """Mean over DCs of (global - local) for the parameters `indexes`, flat."""
@@ -133,7 +139,7 @@ class StreamingDiLoCo(DiLoCo):
         for item in [x for x in self.in_flight if index >= x[1] + opts.overlap_steps]:
             self._finish(item)
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
-        return {"loss": loss, "outer_fragments": started}
+        return self.with_sdc({"loss": loss, "outer_fragments": started})
 
     def _start(self, f: int, index: int) -> None:
         groups = self.ctx.groups
@@ -205,7 +211,8 @@ class AsyncDiLoCo(StreamingDiLoCo):
                 self._start(0, index)
                 self.owed, started = self.owed - 1, started + 1
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
-        return {"loss": loss, "outer_started": started, "outer_applied": applied, "staleness": staleness}
+        return self.with_sdc({"loss": loss, "outer_started": started, "outer_applied": applied,
+                              "staleness": staleness})
 
     def _start(self, f: int, index: int) -> None:
         groups = self.ctx.groups

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
+from testbed.workload.gradsums import GradientChecksums
 from testbed.workload.model import loss_fn
 from testbed.workload.sdc import Guard, checking_from_env, injections_from_env, replay_rate_from_env
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
@@ -57,16 +58,44 @@ class DataParallel(Strategy):
         if any(item.target == "gradient" for item in injections) and not self.checks_gradients_before_sync:
             raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
                              "injected before its collective (target: parameter can)")
-        self.guard = Guard(ctx.layout.rank, self.names, self.params, dist.group.WORLD, list(range(ctx.layout.world)),
-                           injections, check, replay_rate_from_env(), ctx.opts.seed) if injections or check else None
+        sums = GradientChecksums(self.model) if check and ctx.synthetic_s is None else None
+        group, ranks = self.replicas()
+        self.guard = Guard(ctx.layout.rank, self.names, self.params, group, ranks, injections, check,
+                           replay_rate_from_env(), ctx.opts.seed, sums) if injections or check else None
 
     checks_gradients_before_sync = True  # whether every gradient is final before the collective starts
+
+    def replicas(self) -> tuple[object, list[int]]:
+        """The process group whose ranks hold bit-identical parameters after every step, and its ranks."""
+        return dist.group.WORLD, list(range(self.ctx.layout.world))
+
+    def checked_gradients(self, index: int, micro_batches: list[MicroBatch], loss: float | None) -> float | None:
+        """Before the collective: inject a gradient corruption due now and check (replaying the step's compute on
+        an anomaly); the loss of the gradients that go on."""
+        if self.guard is not None and self.checks_gradients_before_sync:
+            replayed = self.guard.before_collective(index, lambda: self.compute(index, micro_batches))
+            return replayed if replayed is not None else loss
+        return loss
+
+    def checked_parameters(self, index: int) -> None:
+        """After the optimizer: inject a parameter corruption due now, compare the replicas, restore."""
+        if self.guard is not None:
+            self.guard.after_update(index)
+
+    def with_sdc(self, record: dict) -> dict:
+        """The step's record with the SDC events and the checks' time since the last step, when checking."""
+        if self.guard is None:
+            return record
+        events, seconds = self.guard.take()
+        return {**record, "sdc_check_s": seconds, "events": events}
 
     # --- compute -----------------------------------------------------------------------------------
     def compute(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
         """Forward and backward of every micro-batch, accumulating the mean gradient; returns the loss."""
         for param in self.params:
             param.grad.zero_()
+        if self.guard is not None:
+            self.guard.gradients_zeroed()
         if self.ctx.synthetic_s is not None:
             with self.ctx.meter.timed("compute_s"):
                 self.synthetic_backward(len(micro_batches))
@@ -127,10 +156,7 @@ class DataParallel(Strategy):
         raise NotImplementedError
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
-        loss = self.compute(index, micro_batches)
-        if self.guard is not None and self.checks_gradients_before_sync:
-            replayed = self.guard.before_collective(index, lambda: self.compute(index, micro_batches))
-            loss = replayed if replayed is not None else loss
+        loss = self.checked_gradients(index, micro_batches, self.compute(index, micro_batches))
         start = time.perf_counter()
         self.sync()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
@@ -138,11 +164,8 @@ class DataParallel(Strategy):
             self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
         if self.ctx.synthetic_s is None:
             self.optimizer.step()
-        if self.guard is None:
-            return {"loss": loss}
-        self.guard.after_update(index)
-        events, seconds = self.guard.take()
-        return {"loss": loss, "sdc_check_s": seconds, "events": events}
+        self.checked_parameters(index)
+        return self.with_sdc({"loss": loss})
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         return self._last_grads
