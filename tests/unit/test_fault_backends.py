@@ -18,7 +18,6 @@ SHIPPED = ROOT / "experiments" / "faults.yaml"
 def sdc_only(tmp_path: Path) -> Path:
     data = yaml.safe_load(SHIPPED.read_text())
     data["faults"] = [f for f in data["faults"] if f["kind"] == "sdc"]
-    data["topology"] = str(ROOT / "topologies" / "two-dc.yaml")
     path = tmp_path / "sdc.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
