@@ -45,7 +45,8 @@ NODE_SYSCTLS = {
     "net.ipv4.tcp_wmem": "4096 65536 268435456",
 }
 ROUTER_SYSCTLS = {**NODE_SYSCTLS, "net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
-                  "net.ipv4.conf.default.rp_filter": "0"}
+                  "net.ipv4.conf.default.rp_filter": "0",
+                  "net.ipv4.icmp_ratelimit": "0"}  # "unreachable" at once, every time (as netns's gateways)
 LINK_PREFIXLEN = 29
 
 
