@@ -20,7 +20,12 @@ Per cell (steps after the warm-up only):
   partition, a killed peer's timeout, a straggler); effective_time_ratio: the median step times the measured
   steps over their summed wall time (productive step time over wall time: 1.0 when nothing stalled);
 - faults_applied and fault_late_max_ms: how many scheduled fault windows were applied (faults.json) and the
-  latest one's delay after its schedule.
+  latest one's delay after its schedule;
+- restarts, steps_lost, recovery_s, restart_lost_s (cells whose experiment allows restarts and that had one):
+  how often every rank was started again after a death, the steps done again, the seconds from each death to
+  the first step begun after it, and the seconds of work done again (from the checkpoint to the death); a
+  step done twice counts once (its last time), and effective_time_ratio counts the restarts' seconds as wall
+  time.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ def load_steps(run_dir: Path) -> pd.DataFrame:
                     record["cell"] = cell_dir.name
                     rows.append(record)
     frame = pd.DataFrame(rows)
+    if not frame.empty and {"rank", "step"} <= set(frame):  # a restart does the steps since its checkpoint again:
+        frame["superseded"] = frame.duplicated(["cell", "rank", "step"], keep="last")  # the last time counts
     return frame
 
 
@@ -93,12 +100,29 @@ def _mean_gb(per_step: pd.DataFrame, name: str) -> float | None:
 STALL_FACTOR = 2.0  # a step slower than this many medians stalled
 
 
-def stall_figures(walls: pd.Series) -> dict[str, float]:
-    """stall_s and effective_time_ratio of a cell from its measured steps' wall times (see the module's doc)."""
+def stall_figures(walls: pd.Series, lost: float = 0.0) -> dict[str, float]:
+    """stall_s and effective_time_ratio of a cell from its measured steps' wall times and the seconds restarts
+    cost besides (see the module's doc)."""
     median = float(walls.median())
     slow = walls[walls > STALL_FACTOR * median]
+    total = float(walls.sum()) + lost
     return {"stall_s": float((slow - median).sum()),
-            "effective_time_ratio": median * len(walls) / float(walls.sum()) if walls.sum() > 0 else float("nan")}
+            "effective_time_ratio": median * len(walls) / total if total > 0 else float("nan")}
+
+
+def restart_cost(result: dict) -> float:
+    """The seconds a cell's restarts cost beyond its counted steps: work done again and recovery."""
+    return sum((r.get("lost_s") or 0.0) + (r.get("recovery_s") or 0.0) for r in result.get("restarts") or [])
+
+
+def restart_columns(result: dict) -> dict:
+    """restarts, steps_lost, recovery_s (summed over the cell's restarts); nothing for a cell that allows none."""
+    restarts = result.get("restarts")
+    if not restarts:
+        return {}
+    return {"restarts": len(restarts), "steps_lost": sum(r["steps_lost"] for r in restarts),
+            "recovery_s": sum(r["recovery_s"] or 0.0 for r in restarts),
+            "restart_lost_s": sum(r["lost_s"] or 0.0 for r in restarts)}
 
 
 def fault_figures(result: dict) -> dict:
@@ -127,7 +151,10 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
             row[f"bytes[{key}]"] = value["tx_bytes"]
         row.update(worst_lateness(result))
         row.update(fault_figures(result))
+        row.update(restart_columns(result))
         mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps
+        if "superseded" in mine:
+            mine = mine[~mine["superseded"].astype(bool)]
         mine = mine.dropna(subset=[c for c in STEP_REQUIRED if c in mine]) if not mine.empty else mine
         if result["status"] == "ok" and not mine.empty and all(c in mine for c in STEP_REQUIRED):
             total_steps = int(mine["step"].max()) + 1
@@ -144,7 +171,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
                 "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
                 "workload_wire_inter_gb_per_step": _mean_gb(per_step, "wire"),
                 "workload_payload_inter_gb_per_step": _mean_gb(per_step, "payload"),
-                **stall_figures(per_step["wall"]),
+                **stall_figures(per_step["wall"], restart_cost(result)),
             })
             if "pipeline_s" in measured and measured["pipeline_s"].notna().any():
                 pp = measured.dropna(subset=["pipeline_s"])

@@ -38,6 +38,8 @@ class Backend(ABC):
     # the runner can drive an experiment's `faults:` here: rank 0's metrics are read as they are written (the
     # step anchors) and ranks are signalled on this machine; elsewhere link faults are `testbed fault` by hand
     schedules_faults: ClassVar[bool] = False
+    # every rank reads and writes this machine's file system (a restart's ranks find rank 0's checkpoint)
+    shares_files: ClassVar[bool] = False
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options if options is not None else self.Options()

@@ -36,6 +36,7 @@ from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
+from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.spec.experiment import Experiment, load_experiment
 from testbed.spec.faults import Fault
 from testbed.spec.topology import load_topology
@@ -164,9 +165,12 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
-             seed: int = 0, sdc_replay: float = 0.0, forks: ForkServer | None = None) -> dict:
+             seed: int = 0, sdc_replay: float = 0.0, forks: ForkServer | None = None, restarts: int = 0,
+             checkpoint_every: int = 0) -> dict:
     """Run one cell, with `faults` on their schedule; returns its result record (also written to
-    cell_dir/result.json). With `forks`, ranks of the built-in workload are forked by it."""
+    cell_dir/result.json). With `forks`, ranks of the built-in workload are forked by it. After a rank dies,
+    up to `restarts` times every rank is started again (on a fresh port), from the last checkpoint; `timeout`
+    holds for the whole cell."""
     faults = faults or []
     if cell_dir.exists():
         shutil.rmtree(cell_dir)  # an incomplete earlier attempt
@@ -177,11 +181,15 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     probe = calibrate(testbed, calibration)
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
-    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir,
-                        extra_env={"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay)})
-    launched = time.time()
+    env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay),
+           **checkpoint_env(cell_dir, restarts, checkpoint_every)}
+    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env)
+    launched, clock = time.time(), time.monotonic()
     group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
-    driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json", group.signal)
+    # the driver signals the ranks running now (a restart starts new ones)
+    driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json",
+                         lambda rank, number: group.signal(rank, number))
+    deaths: list[dict] = []
     try:
         driver.start()
         def health() -> str | None:
@@ -189,7 +197,16 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
             dead = testbed.fabric.dead_delay_lines()
             return f"delay line died in {', '.join(dead)}" if dead else None
 
-        outcome = group.watch(timeout, on_tick=(lambda: on_tick(metrics_dir)) if on_tick else None, health=health)
+        while True:
+            outcome = group.watch(timeout - (time.monotonic() - clock),
+                                  on_tick=(lambda: on_tick(metrics_dir)) if on_tick else None, health=health)
+            if outcome.ok or not outcome.died or len(deaths) >= restarts:
+                break
+            deaths.append({"failed_rank": outcome.failed_rank, "reason": outcome.reason, "died_at": time.time()})
+            group.close()
+            specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env)
+            group = RankGroup(testbed.fabric, specs, argv, log_dir / f"restart{len(deaths)}", forks)
+        outcome.seconds = time.monotonic() - clock
     finally:
         try:
             fault_record = driver.stop()  # every link fault cleared before the next cell, also on failure
@@ -211,6 +228,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
               "delay_line": lateness, "faults": fault_record, "sdc": sdc_record(metrics_dir),
+              "restarts": restart_figures(metrics_dir / "rank0.jsonl", deaths),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
@@ -262,7 +280,9 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                               experiment.calibrate, experiment.workload.ranks_per_node,
                               on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None,
                               faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
-                              sdc_replay=experiment.sdc_replay, forks=forks)
+                              sdc_replay=experiment.sdc_replay, forks=forks,
+                              restarts=0 if cell.baseline else experiment.restarts,
+                              checkpoint_every=experiment.checkpoint_every)
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)
@@ -270,11 +290,15 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
 
 def refuse_unschedulable_faults(path: Path, experiment: Experiment, backend: str | Backend) -> None:
     """Before anything is built: link and rank faults on a schedule need a backend whose rank 0 metrics are read
-    as they are written and whose ranks are signalled here (Backend.schedules_faults); sdc runs everywhere."""
+    as they are written and whose ranks are signalled here (Backend.schedules_faults); sdc runs everywhere;
+    restarts need every rank to see rank 0's checkpoint (Backend.shares_files)."""
     chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
     if any(f.kind != "sdc" for f in experiment.faults) and not chosen.schedules_faults:
         raise NotSupported(f"{path}: faults: the runner schedules link and rank faults on the netns backend only, "
                            f"not {chosen.name} (sdc runs everywhere; `testbed fault` applies link faults by hand)")
+    if experiment.restarts and not chosen.shares_files:
+        raise NotSupported(f"{path}: restarts: ranks restart from rank 0's checkpoint where every rank shares this "
+                           f"machine's files (netns), not on {chosen.name}")
 
 
 def launcher_forks(launcher: str, backend: str | Backend) -> bool:

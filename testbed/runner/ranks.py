@@ -67,6 +67,7 @@ class Outcome:
     failed_rank: int | None = None
     log_tail: list[str] | None = None
     seconds: float = 0.0
+    died: bool = False  # a rank exited non-zero (rather than a timeout or a health problem)
 
 
 def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metrics_dir: Path,
@@ -151,7 +152,7 @@ class RankGroup:
                 _, spec, code = min(dead, key=lambda item: (item[0], item[1].rank))
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
-                               self.tail(spec.rank), time.monotonic() - start)
+                               self.tail(spec.rank), time.monotonic() - start, died=True)
             if all(code == 0 for code in codes):
                 return Outcome(True, seconds=time.monotonic() - start)
             problem = health() if health else None

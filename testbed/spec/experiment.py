@@ -26,6 +26,8 @@ LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distanc
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
+# whose whole state rank 0 holds after every step, so that every rank can restart from its checkpoint
+RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")
 # where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs)
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "diloco", "streaming-diloco", "async-diloco")
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
@@ -154,6 +156,8 @@ class Experiment(BaseModel):
     thresholds: list[Threshold] = []
     faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
     sdc_replay: float = 0.0  # with sdc faults: the share of steps each rank replays unasked (testbed.workload.sdc)
+    restarts: int = Field(0, ge=0, le=100)  # after a rank dies, start every rank again (from the last checkpoint)
+    checkpoint_every: int = Field(0, ge=0)  # steps between checkpoints (0: a restart begins at step 0)
 
     @field_validator("sdc_replay", mode="before")
     @classmethod
@@ -187,6 +191,13 @@ class Experiment(BaseModel):
                                  f"is dark for {dark:g} s, as long as cell_timeout ({self.cell_timeout:g} s) or longer")
         if self.sdc_replay and not any(fault.kind == "sdc" for fault in self.faults):
             raise ValueError("sdc_replay: replays check for silent data corruption: add an sdc fault to faults:")
+        if self.checkpoint_every and not self.restarts:
+            raise ValueError("checkpoint_every: checkpoints are what restarts begin from: set restarts too")
+        if self.restarts:
+            for index, spec in enumerate(self.strategies):
+                if spec.workload_strategy not in RESTART_STRATEGIES:
+                    raise ValueError(f"restarts: ranks restart from a checkpoint in {', '.join(RESTART_STRATEGIES)} "
+                                     f"only, not {spec.workload_strategy} (strategies[{index}], {spec.name})")
         return self
 
     def _check_sdc(self, field: str, fault: Fault) -> None:

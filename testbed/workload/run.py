@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from testbed.spec.strategies import OVERLAP
 from testbed.workload import data
+from testbed.workload.checkpoint import checkpointing_from_env
 from testbed.workload.comm import Comm
 from testbed.workload.compute import synthetic_seconds
 from testbed.workload.groups import backend, build_groups
@@ -67,8 +68,14 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         synthetic = float(value)
     strategy = make_strategy(opts.strategy)
     strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device))
+    checkpoints, first = checkpointing_from_env(), 0
+    saved = checkpoints.load() if checkpoints is not None else None
+    if saved is not None:  # a restart: go on after the step the checkpoint was written after
+        strategy.restore(saved[1])
+        first = saved[0] + 1
     writer = MetricsWriter(opts.metrics_dir or os.environ.get("TESTBED_METRICS_DIR"), layout.rank)
-    writer.write({"event": "start", "rank": layout.rank, "dc": layout.dc, "num_dcs": layout.num_dcs,
+    writer.write({"event": "start", "rank": layout.rank, "resumed_after_step": None if saved is None else saved[0],
+                  "dc": layout.dc, "num_dcs": layout.num_dcs,
                   "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes), "world": layout.world, "strategy": opts.strategy,
                   "options": dataclasses.asdict(opts), "model": dataclasses.asdict(cfg),
                   "parameters": parameter_count(cfg), "corpus_sha256": data.corpus_hash(),
@@ -77,7 +84,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     count = sum(n for _, n in ranges)
     share = layout.num_dcs if opts.strategy == "pp" else 1  # a pipeline's tokens, counted once
     records = []
-    for step in range(opts.steps):
+    for step in range(first, opts.steps):
         parts = [data.samples(step, first, n, cfg.seq_len, opts.seed) for first, n in ranges]
         x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         micro = list(zip(x.to(device).split(opts.micro_batch), y.to(device).split(opts.micro_batch)))
@@ -97,6 +104,11 @@ def train_in_group(opts: Options, layout) -> list[dict]:
                   "tokens": count * cfg.seq_len / share, **result}
         writer.write(record)
         records.append(record)
+        if checkpoints is not None and checkpoints.due(step) and layout.rank == 0:
+            begun = time.perf_counter()
+            checkpoints.save(step, strategy.checkpoint_state())
+            writer.write({"event": "checkpoint", "step": step, "rank": layout.rank, "seconds": time.perf_counter() - begun,
+                          "time": time.time()})
     writer.close()
     if opts.dump_dir:
         Path(opts.dump_dir).mkdir(parents=True, exist_ok=True)

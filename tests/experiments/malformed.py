@@ -128,6 +128,10 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "gradient_sdc_where_buckets_leave_in_backward": (
         text("[hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
         "faults[0].target", "during backward"),
+    "restarts_where_replicas_differ": (text("[flat-dp, {name: d, strategy: diloco}]", extra="restarts: 2\n"),
+                                       "restarts", "not diloco"),
+    "checkpoints_without_restarts": (text("[flat-dp]", extra="checkpoint_every: 5\n"), "checkpoint_every",
+                                     "set restarts too"),
     "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),
     "sdc_replay_beyond_every_step": (text("[flat-dp]", extra="sdc_replay: 150%\n"), "sdc_replay",
                                      "between 0% and 100%"),

@@ -49,3 +49,15 @@ def test_docker_and_ssh_fabrics_take_link_faults_by_hand():
     from testbed.fabric.ssh.fabric import SshFabric
 
     assert DockerFabric.link_faults and SshFabric.link_faults
+
+
+@pytest.mark.parametrize("backend", ["docker", "ssh"])
+def test_restarts_are_refused_where_ranks_do_not_share_files(backend, tmp_path):
+    path = sdc_only(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data.update(strategies=["flat-dp"], restarts=1, checkpoint_every=2)
+    path.write_text(yaml.safe_dump(data))
+    experiment, _ = load_experiment(path)
+    refuse_unschedulable_faults(path, experiment, "netns")
+    with pytest.raises(NotSupported, match=f"restarts: .*not on {backend}"):
+        refuse_unschedulable_faults(path, experiment, backend)

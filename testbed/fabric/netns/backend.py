@@ -29,6 +29,7 @@ class NetnsBackend(Backend):
     State = NetnsState
     forks_ranks: ClassVar[bool] = True
     schedules_faults: ClassVar[bool] = True
+    shares_files: ClassVar[bool] = True
 
     def plan(self, topology: Topology, shaper: str, prefix: str,
              overrides: dict[str, LinkParams] | None = None) -> NetworkPlan:

@@ -59,6 +59,15 @@ class Strategy(ABC):
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {}
 
+    def checkpoint_state(self) -> dict:
+        """Everything a restarted rank needs to go on from the end of the last step (testbed.workload.checkpoint),
+        identical on every rank."""
+        raise NotImplementedError(f"{self.name} keeps no checkpoint")
+
+    def restore(self, state: dict) -> None:
+        """Take up a checkpoint_state() written by rank 0."""
+        raise NotImplementedError(f"{self.name} keeps no checkpoint")
+
 
 def build_model(ctx: Context, weights: bool = True) -> GPT:
     """The same initial weights on every rank and in every strategy. Without `weights` (synthetic compute that

@@ -52,6 +52,9 @@ class DiLoCo(DataParallel):
         """Between outer syncs only a DC's ranks hold the same parameters."""
         return self.ctx.groups.intra, list(self.ctx.groups.intra_ranks)
 
+    def checkpoint_state(self) -> dict:
+        raise NotImplementedError(f"{self.name} keeps no checkpoint: its DCs' replicas differ between outer syncs")
+
     def inner_step(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
         """One step of data parallelism inside the DC with the inner optimizer, its gradients checked before the
         DC's all-reduce and its parameters after the update when SDC is checked; returns the loss."""

@@ -173,6 +173,17 @@ class DataParallel(Strategy):
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {n: p.detach() for n, p in zip(self.names, self.params)}
 
+    def checkpoint_state(self) -> dict:
+        """The parameters and the optimizer's state: the same on every replica after a step."""
+        return {"params": {n: p.detach().clone() for n, p in zip(self.names, self.params)},
+                "optimizer": self.optimizer.state_dict()}
+
+    def restore(self, state: dict) -> None:
+        with torch.no_grad():
+            for name, param in zip(self.names, self.params):
+                param.copy_(state["params"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+
 
 class FlatDP(DataParallel):
     name = "flat-dp"
