@@ -35,7 +35,7 @@ def test_a_restart_from_a_checkpoint_names_the_steps_done_again_and_the_seconds(
 
 
 def test_without_a_checkpoint_everything_before_the_death_is_lost_and_a_second_restart_is_its_own(tmp_path):
-    events = _attempt(None, range(3), 100) + _attempt(None, range(0, 2), 110) + _attempt(None, range(0, 4), 120)
+    events = _attempt(None, range(3), 100) + _attempt(None, range(2), 110) + _attempt(None, range(4), 120)
     rank0 = _write(tmp_path / "rank0.jsonl", events)
     deaths = [{"died_at": 104.0}, {"died_at": 113.5}]
     first, second = restart_figures(rank0, deaths)
