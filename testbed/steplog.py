@@ -39,6 +39,17 @@ from typing import Any
 __all__ = ["StepLog"]
 
 
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record of one rank's file, in order; a line cut by a crash (or a kill) is skipped."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 class StepLog:
     """Appends one JSON line per training step to $TESTBED_METRICS_DIR/rank<RANK>.jsonl (nothing without it)."""
 

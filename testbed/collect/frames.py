@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.steplog import read_records
+
 
 def load_results(run_dir: Path) -> list[dict]:
     """Cell results in the order the cells ran, which is the experiment's order (sweep values as listed)."""
@@ -47,11 +49,7 @@ def load_steps(run_dir: Path) -> pd.DataFrame:
     for result in load_results(run_dir):
         cell_dir = run_dir / "cells" / result["cell"]["id"]
         for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
-            for line in path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a crash
+            for record in read_records(path):
                 if record.get("event") == "step":
                     record["cell"] = cell_dir.name
                     rows.append(record)

@@ -17,6 +17,7 @@ from testbed.plan.cells import Cell, plan_cells
 from testbed.spec.experiment import Experiment
 from testbed.spec.strategies import Options
 from testbed.spec.topology import Topology
+from testbed.steplog import read_records
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -112,11 +113,7 @@ def warmup_local(cell_dir: Path, warmup_steps: int, micro_batches: int) -> tuple
     compute: dict[int, list[float]] = {}
     other: dict[int, list[float]] = {}
     for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in read_records(path):
             step = record.get("step")
             if record.get("event") == "step" and first <= step < warmup_steps:
                 compute.setdefault(step, []).append(record["compute_s"])

@@ -4,8 +4,9 @@ workload's last checkpoint (testbed.workload.checkpoint). What each restart cost
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
+
+from testbed.steplog import read_records
 
 CHECKPOINT_DIR = "checkpoint"  # under the cell's directory
 
@@ -23,13 +24,7 @@ def restart_figures(rank0: Path, deaths: list[dict]) -> list[dict]:
     finished after that checkpoint: done again), lost_s (from the end of the checkpoint's step, or the first
     step's start, to the death: work done again) and recovery_s (from the death to the first step begun after
     the restart: start-up, loading the checkpoint, connecting; None when none began)."""
-    events = []
-    if rank0.exists():
-        for line in rank0.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by the kill
+    events = read_records(rank0) if rank0.exists() else []
     starts = [i for i, e in enumerate(events) if e.get("event") == "start"] + [len(events)]
     attempts = [events[a:b] for a, b in itertools.pairwise(starts)]
     out = []
