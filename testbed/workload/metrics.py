@@ -103,7 +103,11 @@ class MetricsWriter:
         self._file = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            cut = self.path.exists() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
+            cut = False
+            if self.path.exists() and self.path.stat().st_size > 0:
+                with open(self.path, "rb") as existing:
+                    existing.seek(-1, os.SEEK_END)  # only its last byte: the file may be long
+                    cut = existing.read(1) != b"\n"
             self._file = open(self.path, "a", buffering=1)
             if cut:  # a restarted rank after one killed mid-line: its first line stays whole
                 self._file.write("\n")
