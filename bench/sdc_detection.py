@@ -1,7 +1,7 @@
 """What silent-data-corruption detection costs and what it catches (testbed.workload.sdc), on loopback (no root).
 
-1. Cost and false positives: flat-dp on DCS x RANKS ranks (real compute, the tiny GPT) for --steps steps, the
-   checks off and then on (alternating over --reps): the median step with and without them, the checks' own
+1. Cost and false positives: flat-dp on DCS x RANKS ranks (real compute, each of --cost-presets' GPTs) for
+   --steps steps, the checks off and then on (alternating over --reps): the median step with and without them, the checks' own
    time as a share of the step (sdc_check_s / wall_s, median over rank-steps: the digest, the norm, the gradient
    checksums' sums in backward and their comparison), the alarms (checksum or norm) the replay resolved as the
    data's own (`reproduced`), and the false verdicts (nothing is injected: any `transient` or `persistent` is
@@ -12,8 +12,8 @@
    injected rank and step; for the flips missed, the largest change they made to their element and the
    tensors they were in.
 
-Usage: .venv/bin/python bench/sdc_detection.py [--steps 2500] [--reps 1] [--bits 0,10,...,31]
-       [--flips 20] [--replay 0,0.1]
+Usage: .venv/bin/python bench/sdc_detection.py [--steps 2500] [--reps 1] [--cost-presets tiny,small]
+       [--bits 0,10,...,31] [--flips 20] [--replay 0,0.1]
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ def records(directory: Path) -> list[dict]:
     return out
 
 
-def run(steps: int, env: dict[str, str]) -> list[dict]:
+def run(steps: int, env: dict[str, str], preset: str = BASE.preset) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics"
-        launch(DCS, RANKS, [replace(BASE, steps=steps, metrics_dir=str(metrics))], Path(tmp) / "launch",
+        options = replace(BASE, steps=steps, metrics_dir=str(metrics), preset=preset)
+        launch(DCS, RANKS, [options], Path(tmp) / "launch",
                timeout=7200, env=env)
         return records(metrics)
 
@@ -60,11 +61,11 @@ def step_walls(rows: list[dict], skip: int = 5) -> list[float]:
     return list(walls.values())
 
 
-def cost(steps: int, reps: int) -> dict:
+def cost(steps: int, reps: int, preset: str) -> dict:
     off, on, shares, alarms, false, rank_steps = [], [], [], 0, 0, 0
     for rep in range(reps):
         for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
-            rows = run(steps, {"TESTBED_SDC_CHECK": "1"} if mode == "on" else {})
+            rows = run(steps, {"TESTBED_SDC_CHECK": "1"} if mode == "on" else {}, preset)
             walls = step_walls(rows)
             (on if mode == "on" else off).append(statistics.median(walls))
             if mode == "on":
@@ -74,7 +75,7 @@ def cost(steps: int, reps: int) -> dict:
                 found = [r for r in rows if r["event"] == "sdc_detected"]
                 alarms += sum(r["classification"] == "reproduced" for r in found)
                 false += sum(r["classification"] != "reproduced" for r in found)
-    return {"clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
+    return {"preset": preset, "clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
             "false positives (SDC verdicts)": false,
             "step median off ms": statistics.median(off) * 1e3, "step median on ms": statistics.median(on) * 1e3,
             "checks / step (median) %": statistics.median(shares) * 100,
@@ -109,14 +110,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--cost-presets", default="tiny",
+                        help="models the cost is measured on (comma-separated; --steps each; flips: tiny)")
     parser.add_argument("--bits", default="0,10,20,22,23,24,25,26,27,28,29,30,31")
     parser.add_argument("--flips", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--replay", default="0", help="replay shares for the gradient flips (comma-separated)")
     args = parser.parse_args()
     started = time.time()
-    print(f"flat-dp, {DCS} DCs x {RANKS} ranks on loopback, tiny GPT, real compute, micro-batch {BASE.micro_batch}")
-    print(pd.DataFrame([cost(args.steps, args.reps)]).to_markdown(index=False, floatfmt=".4g"))
+    print(f"flat-dp, {DCS} DCs x {RANKS} ranks on loopback, real compute, micro-batch {BASE.micro_batch}")
+    costs = [cost(args.steps, args.reps, preset) for preset in args.cost_presets.split(",")]
+    print(pd.DataFrame(costs).to_markdown(index=False, floatfmt=".4g"))
     bits = [int(b) for b in args.bits.split(",")]
     table = [row for share in (float(x) for x in args.replay.split(","))
              for row in caught(bits, args.flips, "gradient", args.seed, share)]

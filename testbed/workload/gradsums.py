@@ -5,10 +5,11 @@ computing the gradient again.
 For a linear layer the weight's gradient is dY^T X, so its column sums are (dY 1)^T X: O(tokens x (in + out))
 against the gradient's O(tokens x in x out). An embedding's row sums are the output gradient's row sums added at
 the looked-up indices; a layer norm's and a bias's gradients are recomputed outright (O(tokens x width)). Every
-sum is taken in float64 beside the float32 gradient, with its absolute mass (the same sum over absolute values):
-a checksum differs from the gradient's own sum by more than TOLERANCE of its mass only when an element changed.
-A change of `delta` in one element is seen when |delta| exceeds TOLERANCE times its checksum's mass; an exponent
-flip changes an element by half its value or more, so most are caught (bench/sdc_detection.py measures which).
+sum is taken in float64 beside the float32 gradient, with its absolute mass (the same sum over absolute values;
+float32, as it is only a scale): a checksum differs from the gradient's own sum by more than TOLERANCE of its
+mass only when an element changed. A change of `delta` in one element is seen when |delta| exceeds TOLERANCE
+times its checksum's mass; an exponent flip changes an element by half its value or more, so most are caught
+(bench/sdc_detection.py measures which).
 
 Hooks on the modules' outputs collect the sums during backward; `reset()` goes with zeroing the gradients,
 `mismatches()` compares after the last backward. Parameters of other module kinds are not covered (`covered`)."""
@@ -79,7 +80,7 @@ class GradientChecksums:
             grad = self.covered[name].grad
             if grad is None:
                 continue
-            actual = reduce(grad.detach().double())
+            actual = reduce(grad.detach())
             if not bool(torch.isfinite(actual).all()):
                 out[name] = float("inf")
                 continue
@@ -92,25 +93,25 @@ class GradientChecksums:
 
 
 def _columns(grad: torch.Tensor) -> torch.Tensor:
-    """Each column's sum (over the rows)."""
-    return grad.sum(0)
+    """Each column's sum (over the rows), in float64."""
+    return grad.sum(0, dtype=torch.float64)
 
 
 def _rows(grad: torch.Tensor) -> torch.Tensor:
-    """Each row's sum (over the columns)."""
-    return grad.sum(1)
+    """Each row's sum (over the columns), in float64."""
+    return grad.sum(1, dtype=torch.float64)
 
 
 def _itself(grad: torch.Tensor) -> torch.Tensor:
-    return grad
+    return grad.double()
 
 
 def _linear(module: nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> Sums:
     """weight: column sums (dY 1)^T X and row sums dY^T (X 1) (a row whose gradient is small compared with the
     others' is seen by its own sum); bias: dY summed over tokens."""
-    inputs = x.reshape(-1, module.in_features).double()
-    dy = grad.reshape(-1, module.out_features).double()
-    size, dy_size = inputs.abs(), dy.abs()
+    x32, dy32 = x.reshape(-1, module.in_features), grad.reshape(-1, module.out_features)
+    inputs, dy = x32.double(), dy32.double()
+    size, dy_size = x32.abs(), dy32.abs()
     sums: Sums = {"weight": [(_columns, dy.sum(1) @ inputs, dy_size.sum(1) @ size),
                              (_rows, inputs.sum(1) @ dy, size.sum(1) @ dy_size)]}
     if module.bias is not None:
@@ -121,10 +122,11 @@ def _linear(module: nn.Linear, x: torch.Tensor, grad: torch.Tensor) -> Sums:
 def _embedding(module: nn.Embedding, idx: torch.Tensor, grad: torch.Tensor) -> Sums:
     """weight: row sums, each token's output-gradient sum added at its index."""
     flat = idx.reshape(-1)
-    dy = grad.reshape(-1, module.embedding_dim).double()
+    dy = grad.reshape(-1, module.embedding_dim)
     value = torch.zeros(module.num_embeddings, dtype=torch.float64, device=dy.device)
-    mass = torch.zeros_like(value)
-    return {"weight": [(_rows, value.index_add_(0, flat, dy.sum(1)), mass.index_add_(0, flat, dy.abs().sum(1)))]}
+    mass = torch.zeros(module.num_embeddings, dtype=dy.dtype, device=dy.device)
+    return {"weight": [(_rows, value.index_add_(0, flat, dy.sum(1, dtype=torch.float64)),
+                        mass.index_add_(0, flat, dy.abs().sum(1)))]}
 
 
 def _layer_norm(module: nn.LayerNorm, x: torch.Tensor, grad: torch.Tensor) -> Sums:
@@ -135,13 +137,14 @@ def _layer_norm(module: nn.LayerNorm, x: torch.Tensor, grad: torch.Tensor) -> Su
     inputs = x.reshape(-1, width).double()
     normal = (inputs - inputs.mean(1, keepdim=True)) / torch.sqrt(inputs.var(1, unbiased=False, keepdim=True)
                                                                    + module.eps)
-    dy = grad.reshape(-1, width).double()
+    dy32 = grad.reshape(-1, width)
+    dy = dy32.double()
     sums: Sums = {}
     if module.weight is not None:
         product = dy * normal
-        sums["weight"] = [(_itself, product.sum(0), product.abs().sum(0))]
+        sums["weight"] = [(_itself, product.sum(0), product.float().abs_().sum(0))]
     if module.bias is not None:
-        sums["bias"] = [(_itself, dy.sum(0), dy.abs().sum(0))]
+        sums["bias"] = [(_itself, dy.sum(0), dy32.abs().sum(0))]
     return sums
 
 
