@@ -29,7 +29,7 @@ NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
 # whose whole state rank 0 holds after every step, so that every rank can restart from its checkpoint
 RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")
 # where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs)
-SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "diloco", "streaming-diloco", "async-diloco")
+SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco")
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 

@@ -13,6 +13,7 @@ from testbed.workload.layout import Layout
 from testbed.workload.metrics import Meter
 from testbed.workload.model import GPT, ModelConfig
 from testbed.workload.options import Options
+from testbed.workload.sdc import Guard
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
 
@@ -38,6 +39,19 @@ class Strategy(ABC):
     """setup() once, then step() per training step with this rank's micro-batches."""
 
     name = "strategy"
+    guard: Guard | None = None  # silent data corruption injected and checked (testbed.workload.sdc), when asked
+
+    def checked_parameters(self, index: int) -> None:
+        """After the optimizer: inject a parameter corruption due now, compare the replicas, restore."""
+        if self.guard is not None:
+            self.guard.after_update(index)
+
+    def with_sdc(self, record: dict) -> dict:
+        """The step's record with the SDC events and the checks' time since the last step, when checking."""
+        if self.guard is None:
+            return record
+        events, seconds = self.guard.take()
+        return {**record, "sdc_check_s": seconds, "events": events}
 
     def setup(self, ctx: Context) -> None:
         self.ctx = ctx

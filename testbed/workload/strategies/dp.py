@@ -25,9 +25,8 @@ import torch.distributed as dist
 
 from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
-from testbed.workload.gradsums import GradientChecksums
 from testbed.workload.model import loss_fn
-from testbed.workload.sdc import Guard, checking_from_env, injections_from_env, replay_rate_from_env
+from testbed.workload.sdc import checking_from_env, guard_from_env
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -54,14 +53,12 @@ class DataParallel(Strategy):
         self.optimizer = make_optimizer(self.params, ctx.opts)
         self.codec = make_codec(ctx.opts.compression)
         self._last_grads: dict[str, torch.Tensor] = {}
-        injections, check = injections_from_env(ctx.layout.rank), checking_from_env()
-        if any(item.target == "gradient" for item in injections) and not self.checks_gradients_before_sync:
+        self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas(), ctx.opts.seed,
+                                    self.model if ctx.synthetic_s is None else None)
+        gradient_flips = self.guard is not None and any(i.target == "gradient" for i in self.guard.injections)
+        if gradient_flips and not self.checks_gradients_before_sync:
             raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
                              "injected before its collective (target: parameter can)")
-        sums = GradientChecksums(self.model) if check and ctx.synthetic_s is None else None
-        group, ranks = self.replicas()
-        self.guard = Guard(ctx.layout.rank, self.names, self.params, group, ranks, injections, check,
-                           replay_rate_from_env(), ctx.opts.seed, sums) if injections or check else None
 
     checks_gradients_before_sync = True  # whether every gradient is final before the collective starts
 
@@ -76,18 +73,6 @@ class DataParallel(Strategy):
             replayed = self.guard.before_collective(index, lambda: self.compute(index, micro_batches))
             return replayed if replayed is not None else loss
         return loss
-
-    def checked_parameters(self, index: int) -> None:
-        """After the optimizer: inject a parameter corruption due now, compare the replicas, restore."""
-        if self.guard is not None:
-            self.guard.after_update(index)
-
-    def with_sdc(self, record: dict) -> dict:
-        """The step's record with the SDC events and the checks' time since the last step, when checking."""
-        if self.guard is None:
-            return record
-        events, seconds = self.guard.take()
-        return {**record, "sdc_check_s": seconds, "events": events}
 
     # --- compute -----------------------------------------------------------------------------------
     def compute(self, index: int, micro_batches: list[MicroBatch]) -> float | None:

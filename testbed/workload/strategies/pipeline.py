@@ -32,6 +32,7 @@ from torch import nn
 from testbed.spec.schedules import overlap_lookahead, schedule_ops
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
+from testbed.workload.sdc import checking_from_env, guard_from_env
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, average_in_dc, build_model, make_optimizer
 
 
@@ -44,7 +45,8 @@ class Pipeline(Strategy):
         self.p, self.stage = layout.num_dcs, layout.dc
         self.v = opts.virtual_chunks if opts.schedule == "interleaved-1f1b" else 1
         self.m = opts.micro_batches
-        full: GPT = build_model(ctx, ctx.synthetic_s is None or bool(opts.dump_dir))  # synthetic: weights unread
+        # synthetic compute leaves the weights unread, but SDC checks digest them across a stage's replicas
+        full: GPT = build_model(ctx, ctx.synthetic_s is None or bool(opts.dump_dir) or checking_from_env())
         modules = list(full)
         bounds = split_points(len(modules), self.p * self.v)
         self.global_chunks = [self.stage + k * self.p for k in range(self.v)]  # virtual k -> global chunk
@@ -74,6 +76,11 @@ class Pipeline(Strategy):
         self.pipelines = max(layout.dc_sizes)
         self.replicas = [r for r in range(self.pipelines) if r % layout.dc_size == layout.index_in_dc]
         self._last_grads: dict[str, torch.Tensor] = {}
+        # a stage's replicas are its DC's ranks; a replay recomputes this stage's gradient alone, from the inputs
+        # and incoming gradients each backward used (kept for the step: GPipe's activation memory, when checking)
+        self.guard = guard_from_env(layout.rank, self.names, self.params, (ctx.groups.intra, list(ctx.groups.intra_ranks)),
+                                    opts.seed, nn.ModuleList(self.chunks) if ctx.synthetic_s is None else None)
+        self._kept: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor]] | None = None
 
     def _lookahead(self) -> int:
         """Extra warm-up micro-batches for `overlap`: enough to cover one cross-DC round trip."""
@@ -106,13 +113,22 @@ class Pipeline(Strategy):
         for param in self.params:
             param.grad.zero_()
         synthetic = ctx.synthetic_s is not None
+        if self.guard is not None:
+            self.guard.gradients_zeroed()
+            self._kept = [] if self.guard.check and not synthetic else None
         losses: list[float] = []
         for k, replica in enumerate(self.replicas):
             losses += self._run(replica, micro_batches[k * self.m: (k + 1) * self.m])
         pipeline_end = time.perf_counter()
+        pipeline_compute = ctx.meter.step.compute_s
         if synthetic:
             for param in self.params:
                 param.grad.fill_(1e-3)
+        loss = sum(losses) / len(self.replicas) if losses else None
+        if self.guard is not None:  # this stage's gradient, checked before the DC's all-reduce
+            replayed = self.guard.before_collective(index, self._replay)
+            loss = replayed if replayed is not None else loss
+            self._kept = None
         dp_start = time.perf_counter()
         average_in_dc(ctx, self.params)  # data parallelism among this stage's replicas
         if self.pipelines != ctx.layout.dc_size:  # a rank served several replicas: their mean, not their sum
@@ -123,11 +139,34 @@ class Pipeline(Strategy):
             self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
         if not synthetic:
             self.optimizer.step()
+        self.checked_parameters(index)
         pipeline_time = pipeline_end - step_start
-        bubble = max(0.0, pipeline_time - ctx.meter.step.compute_s)
+        bubble = max(0.0, pipeline_time - pipeline_compute)
         ctx.meter.add("bubble_s", bubble)
-        return {"loss": sum(losses) / len(self.replicas) if losses else None, "stage": self.stage,
-                "lookahead": self.lookahead, "pipeline_s": pipeline_time}
+        return self.with_sdc({"loss": loss, "stage": self.stage, "lookahead": self.lookahead,
+                              "pipeline_s": pipeline_time})
+
+    def _replay(self) -> float | None:
+        """This stage's gradient computed again, from the inputs and incoming gradients its backwards used, in
+        their order (so a clean replay gives the same bits); the loss (last stage), as step() reports it."""
+        for param in self.params:
+            param.grad.zero_()
+        self.guard.gradients_zeroed()
+        start = time.perf_counter()
+        if self._kept is None:  # synthetic compute: its gradients are what it fills in
+            for param in self.params:
+                param.grad.fill_(1e-3)
+            return None
+        losses = []
+        for k, g, x, grad, target in self._kept:
+            out = self.chunks[k](x if g == 0 else x.detach().requires_grad_(True))
+            if g == self.last_chunk:
+                out = loss_fn(out, target) / self.m
+                losses.append(out.item())
+            out.backward(grad)
+        self.ctx.synchronize()
+        self.ctx.meter.add("compute_s", time.perf_counter() - start)
+        return sum(losses) / len(self.replicas) if losses else None
 
     def _run(self, replica: int, micro_batches: list[MicroBatch]) -> list[float]:
         """One pipeline replica's schedule on this stage; returns the losses (last stage) of its micro-batches."""
@@ -197,6 +236,8 @@ class Pipeline(Strategy):
             else:
                 grad = None if g == self.last_chunk else incoming(g, mb, True)
                 x, out = saved.pop((g, mb))
+                if self._kept is not None:
+                    self._kept.append((k, g, micro_batches[mb][0] if g == 0 else x, grad, micro_batches[mb][1]))
                 start = time.perf_counter()
                 if synthetic:
                     sleep_until(start + t_bwd)
