@@ -28,8 +28,12 @@ METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scalin
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
 # whose whole state rank 0 holds after every step, so that every rank can restart from its checkpoint
 RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")
-# where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs)
-SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco")
+# where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs; in pp a
+# stage's ranks; in hsdp the ranks holding the same shard, one per DC)
+SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",
+                  "hsdp")
+# which reduce gradients during backward: no gradient is whole on its rank before its collective
+REDUCE_IN_BACKWARD = ("hier-dp-overlap", "ddp", "hsdp")
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -204,11 +208,14 @@ class Experiment(BaseModel):
         """Silent data corruption is injected and checked where replicas are identical (testbed.workload.sdc)."""
         for spec in self.strategies:
             strategy = spec.workload_strategy
+            if strategy == "fsdp":
+                raise ValueError(f"{field}.kind: fsdp shards every parameter over all ranks, so no replica holds a "
+                                 f"shard twice to compare with (strategy {spec.name}; hsdp keeps one per DC)")
             if strategy not in SDC_STRATEGIES:
                 raise ValueError(f"{field}.kind: sdc is injected and checked in {', '.join(SDC_STRATEGIES)} only, "
                                  f"not {strategy} (strategy {spec.name})")
-            if fault.target == "gradient" and strategy == "hier-dp-overlap":
-                raise ValueError(f"{field}.target: hier-dp-overlap reduces gradients during backward, so a gradient "
+            if fault.target == "gradient" and strategy in REDUCE_IN_BACKWARD:
+                raise ValueError(f"{field}.target: {strategy} reduces gradients during backward, so a gradient "
                                  "cannot be corrupted before its collective (target: parameter can)")
 
     def _check_sweep(self, key: str, values: list[Any]) -> None:

@@ -105,16 +105,17 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
     return [i for i, value in enumerate(values) if value != good], values.index(good)
 
 
-def guard_from_env(rank: int, names: list[str], params: list[torch.nn.Parameter], replicas: tuple[object, list[int]],
-                   seed: int, model: torch.nn.Module | None) -> Guard | None:
+def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
+                   replicas: Callable[[], tuple[object, list[int]]], seed: int,
+                   model: torch.nn.Module | None) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
-    None. `replicas`: the group whose ranks hold the same parameters, and its ranks; `model`: the modules whose
-    gradients are computed (None: synthetic gradients, no checksums)."""
+    None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
+    `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums)."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
         return None
     sums = GradientChecksums(model) if check and model is not None else None
-    group, ranks = replicas
+    group, ranks = replicas()
     return Guard(rank, names, params, group, ranks, injections, check, replay_rate_from_env(), seed, sums)
 
 

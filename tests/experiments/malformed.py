@@ -122,12 +122,15 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "sdc_at_a_time": (text("[flat-dp]", extra="faults: [{kind: sdc, rank: 1, at: 2s, target: parameter, "
                                               "bit: 30}]\n"),
                       "faults[0].at", "injected at a step"),
-    "sdc_in_a_strategy_without_replicas": (text("[flat-dp, pp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, "
-                                                                     "target: parameter, bit: 30}]\n"),
-                                           "faults[0].kind", "not pp"),
+    "sdc_in_a_strategy_without_replicas": (text("[flat-dp, fsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, "
+                                                                       "target: parameter, bit: 30}]\n"),
+                                           "faults[0].kind", "no replica holds a shard twice"),
     "gradient_sdc_where_buckets_leave_in_backward": (
         text("[hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
         "faults[0].target", "during backward"),
+    "gradient_sdc_in_pytorchs_ddp": (
+        text("[flat-dp, ddp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
+        "faults[0].target", "ddp reduces gradients during backward"),
     "restarts_where_replicas_differ": (text("[flat-dp, {name: d, strategy: diloco}]", extra="restarts: 2\n"),
                                        "restarts", "not diloco"),
     "checkpoints_without_restarts": (text("[flat-dp]", extra="checkpoint_every: 5\n"), "checkpoint_every",

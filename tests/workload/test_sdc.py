@@ -220,3 +220,24 @@ def test_a_pipeline_catches_flips_in_each_stage_and_replays_the_stage_alone(tmp_
         assert all(torch.isfinite(t).all() for t in params[0].values())
     losses = [r["loss"] for r in out["pp"][3]["records"]]  # the last stage's: a replay reports the same loss
     assert all(loss is not None and 0 < loss < 10 for loss in losses), losses
+
+
+def test_pytorchs_strategies_catch_a_parameter_flip_among_their_replicas(tmp_path):
+    """3 DCs x 2 ranks. DDP's replicas are all ranks; HSDP's are the ranks holding the same shard, one per DC (3:
+    a majority to restore from). A flip of bit 27 in a parameter element of rank 3 (HSDP: in its local shard) is
+    named at its rank and step and restored; every replica ends the same."""
+    injections = [{"rank": 3, "step": 2, "target": "parameter", "bit": 27, "tensor": None, "index": None, "seed": 11}]
+    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    base = Options(steps=4, micro_batch=2, micro_batches=1, seed=3)
+    out = run(tmp_path, 3, 2, {name: replace(base, strategy=name) for name in ("ddp", "hsdp")}, env=env)
+    for strategy in ("ddp", "hsdp"):
+        events = [record for r in range(6)
+                  for line in (tmp_path / strategy / "metrics" / f"rank{r}.jsonl").read_text().splitlines()
+                  if (record := json.loads(line))["event"].startswith("sdc")]
+        injected = [(e["rank"], e["step"], e["target"]) for e in events if e["event"] == "sdc_injected"]
+        assert injected == [(3, 2, "parameter")], (strategy, injected)
+        caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
+                  for e in events if e["event"] == "sdc_detected"]
+        assert caught == [(3, 2, "param-checksum", "transient")], (strategy, caught)
+        params = [out[strategy][r]["params"] for r in range(6)]
+        assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), strategy

@@ -53,7 +53,7 @@ class DataParallel(Strategy):
         self.optimizer = make_optimizer(self.params, ctx.opts)
         self.codec = make_codec(ctx.opts.compression)
         self._last_grads: dict[str, torch.Tensor] = {}
-        self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas(), ctx.opts.seed,
+        self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas, ctx.opts.seed,
                                     self.model if ctx.synthetic_s is None else None)
         gradient_flips = self.guard is not None and any(i.target == "gradient" for i in self.guard.injections)
         if gradient_flips and not self.checks_gradients_before_sync:

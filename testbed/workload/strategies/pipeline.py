@@ -78,8 +78,9 @@ class Pipeline(Strategy):
         self._last_grads: dict[str, torch.Tensor] = {}
         # a stage's replicas are its DC's ranks; a replay recomputes this stage's gradient alone, from the inputs
         # and incoming gradients each backward used (kept for the step: GPipe's activation memory, when checking)
-        self.guard = guard_from_env(layout.rank, self.names, self.params, (ctx.groups.intra, list(ctx.groups.intra_ranks)),
-                                    opts.seed, nn.ModuleList(self.chunks) if ctx.synthetic_s is None else None)
+        self.guard = guard_from_env(layout.rank, self.names, self.params,
+                                    lambda: (ctx.groups.intra, list(ctx.groups.intra_ranks)), opts.seed,
+                                    nn.ModuleList(self.chunks) if ctx.synthetic_s is None else None)
         self._kept: list[tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor]] | None = None
 
     def _lookahead(self) -> int:

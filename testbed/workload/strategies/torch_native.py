@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.workload.model import Block, loss_fn
+from testbed.workload.sdc import guard_from_env
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -45,6 +46,16 @@ class TorchNative(Strategy):
         self.names = [name for name, _ in self.model.named_parameters()]
         self.wrapped = self.wrap(self.model)
         self.optimizer = make_optimizer(list(self.wrapped.parameters()), ctx.opts)
+        # parameters only: PyTorch reduces every gradient inside backward, before one could be checked
+        local = [_local(param) for param in self.model.parameters()]
+        self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed, None)
+        if self.guard is not None and any(item.target == "gradient" for item in self.guard.injections):
+            raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
+                             "injected before its collective (target: parameter can)")
+
+    def replicas(self) -> tuple[object, list[int]]:
+        """The process group whose ranks hold the same parameters (their local shards) after every step."""
+        return dist.group.WORLD, list(range(self.ctx.layout.world))
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         raise NotImplementedError
@@ -72,7 +83,8 @@ class TorchNative(Strategy):
         self.ctx.meter.add("compute_s", time.perf_counter() - start - exposed)
         self.ctx.meter.add("exposed_s", exposed)
         self.optimizer.step()
-        return {"loss": total, **self.step_fields()}
+        self.checked_parameters(index)
+        return self.with_sdc({"loss": total, **self.step_fields()})
 
     def begin_step(self) -> None:
         pass
@@ -85,6 +97,12 @@ class TorchNative(Strategy):
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {name: _full(p).detach().clone() for name, p in zip(self.names, self.model.parameters())}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a view: a flip in it is a flip in the parameter), a plain tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local().detach() if to_local is not None else tensor.detach()
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -208,7 +226,7 @@ class FSDP(TorchNative):
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        mesh = self.mesh()
+        mesh = self.device_mesh = self.mesh()
         self.comms = FSDPComms(self.ctx, mesh)
         units = []
         for module in model.modules():
@@ -218,6 +236,10 @@ class FSDP(TorchNative):
         for unit in units:
             self.comms.attach(unit)
         return model
+
+    def replicas(self) -> tuple[object, list[int]]:
+        raise ValueError("sdc: fsdp shards every parameter over all ranks: no replica holds a shard twice to compare "
+                         "with (hsdp keeps one per DC)")
 
     def accumulating(self, last: bool):
         self.wrapped.set_requires_gradient_sync(last)
@@ -239,6 +261,11 @@ class HSDP(FSDP):
         layout = self.ctx.layout
         return init_device_mesh(self.ctx.device.type, (layout.num_dcs, layout.dc_size),
                                 mesh_dim_names=("replicate", "shard"))
+
+    def replicas(self) -> tuple[object, list[int]]:
+        """The ranks holding the same shard: one per DC (the mesh's replicate dimension)."""
+        group = self.device_mesh.get_group("replicate")
+        return group, dist.get_process_group_ranks(group)
 
 
 class FSDPComms:
