@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import shlex
 import sys
 import tarfile
 import time
@@ -28,7 +29,7 @@ from testbed.agents.tc import LinkCounters
 from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.docker.engine import clean, docker_client
-from testbed.fabric.docker.process import DockerProcess, ExecError
+from testbed.fabric.docker.process import DockerProcess, ExecError, ExecShell
 from testbed.fabric.errors import FabricError
 from testbed.fabric.shipping import pass_env, source_archive
 from testbed.fabric.state import FabricState
@@ -73,6 +74,7 @@ class DockerFabric(Fabric):
         self._outputs: dict[str, set[str]] = {}  # local dir -> containers that wrote into their copy of it
         self._health: tuple[float, list[str]] | None = None
         self._by_service: dict[str, Any] = {}  # service -> container: containers do not change while up
+        self._shells: dict[str, ExecShell] = {}  # router -> its kept-open shell for live changes
 
     # --- bring-up ---------------------------------------------------------------------------------
     def up(self, plan: ContainersPlan, state: FabricState | None = None) -> None:
@@ -223,11 +225,29 @@ class DockerFabric(Fabric):
             raise FabricError(f"docker: {what} in router {dc}-gw failed: {text.strip().splitlines()[-1:] or code}")
         return text
 
+    def _router_control(self, dc: str, pairs: list[list]) -> None:
+        """Hand changes to router `dc`'s serving agent through its kept-open shell (one exec, once)."""
+        service = f"{dc}-gw"
+        shell = self._shells.get(service)
+        if shell is None:
+            shell = self._shells[service] = ExecShell(self.client.api, self._container(service).id)
+        what = f"re-shaping {', '.join(key for key, _ in pairs)}" if pairs else "opening its shell"
+        try:
+            code, text = shell.script([shlex.join(["sh", "-c", CONTROL_SCRIPT, "sh", json.dumps(pairs)])]
+                                      if pairs else ["true"])
+        except ExecError as error:
+            raise FabricError(f"docker: {what} in router {service} failed: {error}") from None
+        if code != 0:
+            raise FabricError(f"docker: {what} in router {service} failed: {text.strip().splitlines()[-1:] or code}")
+
     def _router_state(self, dc: str) -> RouterState:
         return RouterState.parse(self._router_exec(dc, ["cat", str(ROUTER_STATE)], "reading the router state"))
 
     # --- teardown ---------------------------------------------------------------------------------
     def down(self, settle: float = 0.0) -> None:
+        for shell in self._shells.values():
+            shell.close()
+        self._shells.clear()
         if not self.adopted:
             clean(self.prefix, settle, client=self.client)
 
@@ -279,14 +299,16 @@ class DockerFabric(Fabric):
         self.impair_all({key: params})
 
     def prepare_link_faults(self) -> None:
-        """Look the routers up (a docker API call each) before a fault's clock starts."""
-        for dc in self.topology.dcs:
-            self._container(f"{dc.name}-gw")
+        """Open every router's kept-open shell (an exec each, 0.15-0.2 s) before a fault's clock starts."""
+        with ThreadPoolExecutor(max_workers=len(self.topology.dcs)) as pool:
+            for job in [pool.submit(self._router_control, dc.name, []) for dc in self.topology.dcs]:
+                job.result()
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
-        """Change directions live: one exec per router involved, the routers in parallel, each a shell that
-        hands every change the router makes to its serving agent (testbed.agents.router.CONTROL) and waits for
-        its answer: an exec of the agent's own Python took 0.6-1.2 s for a partition, most of it imports."""
+        """Change directions live, the routers involved in parallel: each router's kept-open shell hands every
+        change the router makes to its serving agent (testbed.agents.router.CONTROL) and waits for its answer
+        (an exec of the agent's own Python took 0.6-1.2 s for a partition, most of it imports; an exec of
+        this script 0.16-0.19 s)."""
         plan = self._require()
         for key in changes:
             plan.link_end(key)  # a KeyError for a link that is not there, before any router is touched
@@ -295,8 +317,7 @@ class DockerFabric(Fabric):
             for dc in dict.fromkeys(key.split("->")):
                 by_router.setdefault(dc, []).append([key, dataclasses.asdict(params)])
         with ThreadPoolExecutor(max_workers=len(by_router)) as pool:
-            jobs = [pool.submit(self._router_exec, dc, ["sh", "-c", CONTROL_SCRIPT, "sh", json.dumps(pairs)],
-                                f"re-shaping {', '.join(key for key, _ in pairs)}") for dc, pairs in by_router.items()]
+            jobs = [pool.submit(self._router_control, dc, pairs) for dc, pairs in by_router.items()]
             for job in jobs:
                 job.result()
         new = {key: plan_shaping(params, plan.shaper) for key, params in changes.items()}  # what the routers apply

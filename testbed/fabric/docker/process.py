@@ -17,6 +17,7 @@ import threading
 from typing import IO, Any
 
 from testbed.agents import bootstrap
+from testbed.fabric.kept_shell import ShellEnded, run_script
 from testbed.fabric.process import PopenLike
 
 KILL_GROUP = r"""
@@ -123,3 +124,63 @@ def _text(stream: IO[bytes] | None) -> IO[str] | None:
     import io
 
     return io.TextIOWrapper(stream, errors="replace") if stream is not None else None
+
+
+class ExecShell:
+    """A `sh` kept open in a container by one docker exec, its stdin and output on the exec's hijacked socket
+    (frames of docker's stream protocol: an 8-byte header, stream and length, then the bytes): `script` writes
+    to it (testbed.fabric.kept_shell), so a change costs no new exec. Thread-safe; reopened after it ends."""
+
+    def __init__(self, api: Any, container: str) -> None:
+        self.api, self.container = api, container
+        self._sock: Any = None
+        self._raw = b""
+        self._lock = threading.Lock()
+
+    def _open(self) -> Any:
+        if self._sock is None:
+            exec_id = self.api.exec_create(self.container, ["sh"], stdin=True, stdout=True, stderr=True,
+                                           tty=False)["Id"]
+            sock = self.api.exec_start(exec_id, socket=True)
+            self._sock, self._raw = getattr(sock, "_sock", sock), b""
+        return self._sock
+
+    def _recv(self, seconds: float) -> bytes:
+        """The payload of the frames complete within `seconds` (b"" when none came or the exec ended)."""
+        while True:
+            payload, offset = b"", 0
+            while len(self._raw) - offset >= 8:
+                size = int.from_bytes(self._raw[offset + 4: offset + 8], "big")
+                if len(self._raw) - offset - 8 < size:
+                    break
+                payload += self._raw[offset + 8: offset + 8 + size]
+                offset += 8 + size
+            self._raw = self._raw[offset:]
+            if payload:
+                return payload
+            self._sock.settimeout(max(seconds, 1e-3))
+            try:
+                chunk = self._sock.recv(65536)
+            except (TimeoutError, OSError):
+                return b""
+            if not chunk:
+                return b""
+            self._raw += chunk
+
+    def script(self, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
+        """Run shell `lines` (set -e) in the kept shell: (exit code, stdout and stderr together)."""
+        with self._lock:
+            sock = self._open()
+            try:
+                return run_script(sock.sendall, self._recv, lines, timeout)
+            except (ShellEnded, OSError) as error:
+                self.close()
+                raise ExecError(f"{self.container}: the kept shell {error}") from None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import shlex
 import threading
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 
 from testbed.fabric.errors import FabricError
+from testbed.fabric.kept_shell import ShellEnded, run_script
 from testbed.spec.inventory import HostSpec
 
 
@@ -116,28 +115,26 @@ class Connection:
         """Run shell `lines` (set -e) in the kept-open shell: no new SSH session, so a change takes a round
         trip and the commands' own time (an exec costs 0.1-0.5 s here: sshd's session set-up and a new shell).
         stdout and stderr come back together in `stdout`."""
-        marker = f"testbed-done-{uuid.uuid4().hex}"
-        body = "\n".join(lines)
         with self._shell_lock:
             channel = self._open_shell()
-            channel.sendall(f"(\nset -e\n{body}\n) </dev/null 2>&1; s=$?; echo; echo {marker} $s\n".encode())
-            buffer, deadline, tail = b"", time.monotonic() + timeout, f"\n{marker} ".encode()
-            while (end := buffer.find(tail)) < 0 or not buffer.endswith(b"\n"):
-                channel.settimeout(max(0.0, deadline - time.monotonic()))
+
+            def recv(seconds: float) -> bytes:
+                channel.settimeout(seconds)
                 try:
-                    chunk = channel.recv(65536)
+                    return channel.recv(65536)
                 except TimeoutError:
-                    chunk = b""
-                if not chunk:  # the shell ended, or it is stuck: a fresh one next time
-                    said = channel.recv_stderr(4096).decode(errors="replace").strip().splitlines()[-1:] \
-                        if channel.recv_stderr_ready() else []
-                    channel.close()
-                    self._shell = None
-                    raise RemoteError(f"host {self.host.name}: the remote shell "
-                                      + (f"ended: {said[0]}" if said else f"ended or did not answer within {timeout:g} s"))
-                buffer += chunk
-        code = int(buffer[end + len(tail):].split()[0])
-        return Result(code, buffer[:end].decode(errors="replace"), "")
+                    return b""
+
+            try:
+                code, output = run_script(channel.sendall, recv, lines, timeout)
+            except ShellEnded as ended:  # a fresh shell next time; what the shell said last, if anything
+                said = channel.recv_stderr(4096).decode(errors="replace").strip().splitlines()[-1:] \
+                    if channel.recv_stderr_ready() else []
+                channel.close()
+                self._shell = None
+                raise RemoteError(f"host {self.host.name}: the remote shell "
+                                  + (f"ended: {said[0]}" if said else str(ended))) from None
+        return Result(code, output, "")
 
     def check(self, argv: list[str], what: str, timeout: float = 60.0, sudo: bool | None = None) -> str:
         """run(), raising RemoteError (one line naming the host and `what`) on a non-zero exit."""
