@@ -40,6 +40,7 @@ from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.spec.experiment import Experiment, load_experiment
 from testbed.spec.faults import Fault
 from testbed.spec.topology import load_topology
+from testbed.steplog import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,13 +135,7 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
     every detection no injection explains (a false positive, target null)."""
     injected, detected = [], []
     for path in sorted(metrics_dir.glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if '"event": "sdc_' not in line:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in read_records(path, containing='"event": "sdc_'):
             if record.get("event") == "sdc_injected":
                 injected.append(record)
             elif record.get("event") == "sdc_detected":
