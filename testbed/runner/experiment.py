@@ -249,7 +249,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS)."""
     fork = launcher_forks(launcher, backend)
     experiment, topology = load_experiment(path)
-    refuse_unschedulable_faults(path, experiment, backend)
+    refuse_what_the_backend_cannot_run(path, experiment, backend)
     cells = plan_cells(experiment, topology)
     if only:
         cells = [c for c in cells if fnmatch.fnmatch(c.id, only) or only in c.id]
@@ -283,10 +283,11 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     return finish_run(run_dir)
 
 
-def refuse_unschedulable_faults(path: Path, experiment: Experiment, backend: str | Backend) -> None:
-    """Before anything is built: link and rank faults on a schedule need a backend whose rank 0 metrics are read
-    as they are written and whose ranks are signalled here (Backend.schedules_faults); sdc runs everywhere;
-    restarts need every rank to see rank 0's checkpoint (Backend.shares_files)."""
+def refuse_what_the_backend_cannot_run(path: Path, experiment: Experiment, backend: str | Backend) -> None:
+    """Before anything is built, what the experiment asks of the backend beyond its cells: link and rank faults
+    on a schedule need a backend whose rank 0 metrics are read as they are written and whose ranks are
+    signalled here (Backend.schedules_faults); sdc runs everywhere; restarts need every rank to see rank 0's
+    checkpoint (Backend.shares_files)."""
     chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
     if any(f.kind != "sdc" for f in experiment.faults) and not chosen.schedules_faults:
         raise NotSupported(f"{path}: faults: the runner schedules link and rank faults on the netns backend only, "

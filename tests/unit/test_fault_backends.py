@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from testbed.fabric.errors import NotSupported
-from testbed.runner.experiment import refuse_unschedulable_faults
+from testbed.runner.experiment import refuse_what_the_backend_cannot_run
 from testbed.spec.experiment import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def sdc_only(tmp_path: Path) -> Path:
 def test_link_faults_on_a_schedule_are_refused_off_netns_with_one_line(backend):
     experiment, _ = load_experiment(SHIPPED)
     with pytest.raises(NotSupported) as error:
-        refuse_unschedulable_faults(SHIPPED, experiment, backend)
+        refuse_what_the_backend_cannot_run(SHIPPED, experiment, backend)
     message = str(error.value)
     assert "\\n" not in message and str(SHIPPED) in message and backend in message and "testbed fault" in message
 
@@ -36,12 +36,12 @@ def test_link_faults_on_a_schedule_are_refused_off_netns_with_one_line(backend):
 def test_sdc_alone_runs_everywhere(backend, tmp_path):
     path = sdc_only(tmp_path)
     experiment, _ = load_experiment(path)
-    refuse_unschedulable_faults(path, experiment, backend)
+    refuse_what_the_backend_cannot_run(path, experiment, backend)
 
 
 def test_netns_schedules_every_fault():
     experiment, _ = load_experiment(SHIPPED)
-    refuse_unschedulable_faults(SHIPPED, experiment, "netns")
+    refuse_what_the_backend_cannot_run(SHIPPED, experiment, "netns")
 
 
 def test_docker_and_ssh_fabrics_take_link_faults_by_hand():
@@ -58,6 +58,6 @@ def test_restarts_are_refused_where_ranks_do_not_share_files(backend, tmp_path):
     data.update(strategies=["flat-dp"], restarts=1, checkpoint_every=2)
     path.write_text(yaml.safe_dump(data))
     experiment, _ = load_experiment(path)
-    refuse_unschedulable_faults(path, experiment, "netns")
+    refuse_what_the_backend_cannot_run(path, experiment, "netns")
     with pytest.raises(NotSupported, match=f"restarts: .*not on {backend}"):
-        refuse_unschedulable_faults(path, experiment, backend)
+        refuse_what_the_backend_cannot_run(path, experiment, backend)
