@@ -25,6 +25,7 @@ from testbed.plan.addressing import allocate
 from testbed.plan.network import NetworkPlan, build_plan, direction_key, link_direction_params
 from testbed.plan.routing import next_hops
 from testbed.plan.shaping import Shaping
+from testbed.plan.sysctls import NODE_SYSCTLS, ROUTER_SYSCTLS
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -38,15 +39,6 @@ NETWORK_OPTIONS = {
     "com.docker.network.bridge.inhibit_ipv4": "true",  # the host gets no address: it never routes for us
     "com.docker.network.bridge.enable_ip_masquerade": "false",
 }
-NODE_SYSCTLS = {
-    "net.ipv6.conf.all.disable_ipv6": "1",
-    "net.ipv6.conf.default.disable_ipv6": "1",
-    "net.ipv4.tcp_rmem": "4096 131072 268435456",  # long fat links need large windows (as in netns)
-    "net.ipv4.tcp_wmem": "4096 65536 268435456",
-}
-ROUTER_SYSCTLS = {**NODE_SYSCTLS, "net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
-                  "net.ipv4.conf.default.rp_filter": "0",
-                  "net.ipv4.icmp_ratelimit": "0"}  # "unreachable" at once, every time (as netns's gateways)
 LINK_PREFIXLEN = 29
 
 

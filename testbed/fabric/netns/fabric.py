@@ -32,23 +32,9 @@ from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import DelayLineSpec
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.plan.shaping import plan_shaping
+from testbed.plan.sysctls import NODE_SYSCTLS, ROUTER_SYSCTLS, proc_paths
 from testbed.spec.link import LinkParams
 from testbed.waiting import alive
-
-NODE_SYSCTLS = {
-    "net/ipv6/conf/all/disable_ipv6": "1",
-    "net/ipv6/conf/default/disable_ipv6": "1",
-    # Long fat links need large TCP windows: 1 Gbit/s x 100 ms is 12.5 MB in flight.
-    "net/ipv4/tcp_rmem": "4096 131072 268435456",
-    "net/ipv4/tcp_wmem": "4096 65536 268435456",
-}
-GATEWAY_SYSCTLS = {"net/ipv4/ip_forward": "1", "net/ipv4/conf/all/rp_filter": "0",
-                   "net/ipv4/conf/default/rp_filter": "0",
-                   # a node's packet to outside the testbed (its resolver's DNS server, when c10d looks a peer's
-                   # name up) is answered "unreachable" every time: at the default of one ICMP per second per
-                   # destination, lookups within a second of others waited out the resolver's 5 s timeout (a
-                   # restart's rendezvous took 5.1 s instead of 0.1 s)
-                   "net/ipv4/icmp_ratelimit": "0"}
 
 
 class NetnsFabric(Fabric):
@@ -102,7 +88,7 @@ class NetnsFabric(Fabric):
                     netns.create(space.name)
                 handles[space.name] = stack.enter_context(NetNS(space.name))
                 handles[space.name].link("set", index=1, state="up")
-                set_sysctls(space.name, {**NODE_SYSCTLS, **(GATEWAY_SYSCTLS if space.forwarding else {})})
+                set_sysctls(space.name, proc_paths(ROUTER_SYSCTLS if space.forwarding else NODE_SYSCTLS))
             for bridge in plan.bridges:
                 with needs("bridge (module bridge)", f"creating bridge {bridge.ns}/{bridge.ifname}"):
                     handles[bridge.ns].link("add", ifname=bridge.ifname, kind="bridge")
