@@ -1,9 +1,11 @@
 """A stand-in for the docker SDK client, as much of it as the docker fabric uses: networks and containers that
-filter by label, exec_run answered by a function, and the low-level exec API a DockerProcess streams."""
+filter by label, exec_run answered by a function, and the low-level exec API a DockerProcess streams and an
+ExecShell writes scripts to."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,17 +129,53 @@ class FakeAPI:
     def create_endpoint_config(self, ipv4_address: str) -> dict:
         return {"IPAMConfig": {"IPv4Address": ipv4_address}}
 
-    def exec_create(self, container: str, cmd: list[str], environment: dict | None = None) -> dict:
-        self.created.append({"container": container, "cmd": cmd, "environment": environment or {}})
+    def exec_create(self, container: str, cmd: list[str], environment: dict | None = None, **options: Any) -> dict:
+        self.created.append({"container": container, "cmd": cmd, "environment": environment or {}, **options})
         return {"Id": f"exec-{len(self.created)}"}
 
-    def exec_start(self, exec_id: str, stream: bool = False, demux: bool = False) -> Any:
+    def exec_start(self, exec_id: str, stream: bool = False, demux: bool = False, socket: bool = False) -> Any:
+        if socket:  # a kept-open shell (ExecShell): its scripts are played by the client's answer()
+            container_id = self.created[int(exec_id.removeprefix("exec-")) - 1]["container"]
+            return FakeShellSocket(self.client, next(c for c in self.client.containers.items if c.id == container_id))
         if not stream:
             return b""
         return iter([(b"pid 4242\n", None), (b"hello\n", None)])
 
     def exec_inspect(self, exec_id: str) -> dict:
         return {"Running": False, "ExitCode": 0}
+
+
+class FakeShellSocket:
+    """The hijacked socket of an exec'd `sh`: each script written to it (in testbed.fabric.kept_shell's form) is
+    recorded in client.execs line by line as argv and played by client.answer(); the reply comes back as one
+    docker stream frame holding the output and the marker line."""
+
+    def __init__(self, client: FakeClient, container: FakeContainer) -> None:
+        self.client, self.container, self.out = client, container, b""
+
+    def sendall(self, data: bytes) -> None:
+        text = data.decode()
+        body = text.split("\nset -e\n", 1)[1].split("\n) </dev/null", 1)[0]
+        marker = text.rsplit("echo ", 1)[1].split()[0]
+        code, output = 0, b""
+        for line in body.splitlines():
+            argv = shlex.split(line)
+            self.client.execs.append((self.container.name, argv))
+            code, output = self.client.answer(self.container, argv)
+            if code:
+                break
+        payload = output + b"\n" + f"{marker} {code}\n".encode()
+        self.out += bytes([1, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+
+    def settimeout(self, seconds: float) -> None:
+        pass
+
+    def recv(self, size: int) -> bytes:
+        chunk, self.out = self.out[:size], self.out[size:]
+        return chunk
+
+    def close(self) -> None:
+        pass
 
 
 class FakeClient:

@@ -116,14 +116,14 @@ def test_shape_counters_and_health_go_through_the_router_agent():
     assert not fabric.delay_applied(fabric.plan.link_end("east->west"))
 
 
-def test_a_partition_is_one_shape_exec_per_router_with_both_directions():
+def test_a_partition_is_one_script_per_router_with_both_directions():
     client = FakeClient()
     fabric = up(client)
     client.execs.clear()
     dark = LinkParams(latency=0.01, loss=1.0)
     fabric.impair_all({"east->west": dark, "west->east": dark})
     requests = [(name, json.loads(argv[-1])) for name, argv in client.execs if argv[:3] == ["sh", "-c", CONTROL_SCRIPT]]
-    assert sorted(name for name, _ in requests) == [f"{PREFIX}east-gw", f"{PREFIX}west-gw"]  # one exec per router
+    assert sorted(name for name, _ in requests) == [f"{PREFIX}east-gw", f"{PREFIX}west-gw"]  # one script per router
     for _, pairs in requests:
         assert [key for key, _ in pairs] == ["east->west", "west->east"] and all(p["loss"] == 1.0 for _, p in pairs)
     assert {fabric.plan.link_end(k).shaping.params.loss for k in ("east->west", "west->east")} == {1.0}
