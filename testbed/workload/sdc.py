@@ -107,13 +107,17 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
 
 def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                    replicas: Callable[[], tuple[object, list[int]]], seed: int,
-                   model: torch.nn.Module | None) -> Guard | None:
+                   model: torch.nn.Module | None, reduced_in_backward: str | None = None) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
     None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
-    `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums)."""
+    `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums);
+    `reduced_in_backward`: the strategy's name where gradients leave during backward (gradient flips refused)."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
         return None
+    if reduced_in_backward and any(item.target == "gradient" for item in injections):
+        raise ValueError(f"sdc: {reduced_in_backward} reduces gradients during backward: a gradient corruption "
+                         "cannot be injected before its collective (target: parameter can)")
     sums = GradientChecksums(model) if check and model is not None else None
     group, ranks = replicas()
     return Guard(rank, names, params, group, ranks, injections, check, replay_rate_from_env(), seed, sums)

@@ -222,7 +222,7 @@ class DockerFabric(Fabric):
         code, output = self._container(f"{dc}-gw").exec_run(argv)
         text = output.decode(errors="replace")
         if code != 0:
-            raise FabricError(f"docker: {what} in router {dc}-gw failed: {text.strip().splitlines()[-1:] or code}")
+            raise _router_failure(dc, what, text.strip().splitlines()[-1:] or code)
         return text
 
     def _router_control(self, dc: str, pairs: list[list]) -> None:
@@ -236,9 +236,9 @@ class DockerFabric(Fabric):
             code, text = shell.script([shlex.join(["sh", "-c", CONTROL_SCRIPT, "sh", json.dumps(pairs)])]
                                       if pairs else ["true"])
         except ExecError as error:
-            raise FabricError(f"docker: {what} in router {service} failed: {error}") from None
+            raise _router_failure(dc, what, error) from None
         if code != 0:
-            raise FabricError(f"docker: {what} in router {service} failed: {text.strip().splitlines()[-1:] or code}")
+            raise _router_failure(dc, what, text.strip().splitlines()[-1:] or code)
 
     def _router_state(self, dc: str) -> RouterState:
         return RouterState.parse(self._router_exec(dc, ["cat", str(ROUTER_STATE)], "reading the router state"))
@@ -372,3 +372,8 @@ class DockerFabric(Fabric):
         if self.plan is None:
             raise FabricError("no testbed is up (run `testbed up --backend docker` first)")
         return self.plan
+
+
+def _router_failure(dc: str, what: str, detail: object) -> FabricError:
+    """One line naming router `dc`, what failed there and the last thing it said (or its exit code)."""
+    return FabricError(f"docker: {what} in router {dc}-gw failed: {detail}")

@@ -54,11 +54,8 @@ class DataParallel(Strategy):
         self.codec = make_codec(ctx.opts.compression)
         self._last_grads: dict[str, torch.Tensor] = {}
         self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas, ctx.opts.seed,
-                                    self.model if ctx.synthetic_s is None else None)
-        gradient_flips = self.guard is not None and any(i.target == "gradient" for i in self.guard.injections)
-        if gradient_flips and not self.checks_gradients_before_sync:
-            raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
-                             "injected before its collective (target: parameter can)")
+                                    self.model if ctx.synthetic_s is None else None,
+                                    None if self.checks_gradients_before_sync else self.name)
 
     checks_gradients_before_sync = True  # whether every gradient is final before the collective starts
 

@@ -48,10 +48,7 @@ class TorchNative(Strategy):
         self.optimizer = make_optimizer(list(self.wrapped.parameters()), ctx.opts)
         # parameters only: PyTorch reduces every gradient inside backward, before one could be checked
         local = [_local(param) for param in self.model.parameters()]
-        self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed, None)
-        if self.guard is not None and any(item.target == "gradient" for item in self.guard.injections):
-            raise ValueError(f"sdc: {self.name} reduces gradients during backward: a gradient corruption cannot be "
-                             "injected before its collective (target: parameter can)")
+        self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed, None, self.name)
 
     def replicas(self) -> tuple[object, list[int]]:
         """The process group whose ranks hold the same parameters (their local shards) after every step."""
