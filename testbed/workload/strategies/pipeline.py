@@ -123,9 +123,8 @@ class Pipeline(Strategy):
         pipeline_end = time.perf_counter()
         pipeline_compute = ctx.meter.step.compute_s
         if synthetic:
-            for param in self.params:
-                param.grad.fill_(1e-3)
-        loss = sum(losses) / len(self.replicas) if losses else None
+            self._fill_synthetic_gradients()
+        loss = self._mean_loss(losses)
         if self.guard is not None:  # this stage's gradient, checked before the DC's all-reduce
             replayed = self.guard.before_collective(index, self._replay)
             loss = replayed if replayed is not None else loss
@@ -155,8 +154,7 @@ class Pipeline(Strategy):
         self.guard.gradients_zeroed()
         start = time.perf_counter()
         if self._kept is None:  # synthetic compute: its gradients are what it fills in
-            for param in self.params:
-                param.grad.fill_(1e-3)
+            self._fill_synthetic_gradients()
             return None
         losses = []
         for k, g, x, grad, target in self._kept:
@@ -167,6 +165,14 @@ class Pipeline(Strategy):
             out.backward(grad)
         self.ctx.synchronize()
         self.ctx.meter.add("compute_s", time.perf_counter() - start)
+        return self._mean_loss(losses)
+
+    def _fill_synthetic_gradients(self) -> None:
+        for param in self.params:
+            param.grad.fill_(1e-3)
+
+    def _mean_loss(self, losses: list[float]) -> float | None:
+        """The step's loss from the last stage's micro-batch losses (None on other stages)."""
         return sum(losses) / len(self.replicas) if losses else None
 
     def _run(self, replica: int, micro_batches: list[MicroBatch]) -> list[float]:
