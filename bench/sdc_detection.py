@@ -1,6 +1,8 @@
 """What silent-data-corruption detection costs and what it catches (testbed.workload.sdc), on loopback (no root).
 
-1. Cost and false positives: flat-dp on DCS x RANKS ranks (real compute, each of --cost-presets' GPTs) for
+1. Cost and false positives: each of --strategies (flat-dp: checked before the collective; hier-dp-overlap and
+   ddp: bucket by bucket as the buckets leave during backward, BUCKET_MB buckets) on DCS x RANKS ranks (real
+   compute, each of --cost-presets' GPTs) for
    --steps steps, the checks off and then on (alternating over --reps): the median step with and without them, the checks' own
    time as a share of the step (sdc_check_s / wall_s, median over rank-steps: the digest, the norm, the gradient
    checksums' sums in backward and their comparison), the alarms (checksum or norm) the replay resolved as the
@@ -8,12 +10,13 @@
    one) over all the clean rank-steps.
 2. What is caught, per bit: --flips gradient (and parameter) flips of each bit in --bits, each in a random
    element (seeded) of a random parameter on a random rank at its own step, one run per bit, target and
-   replay share (--replay, gradients only: the parameter digest sees every flip); the share detected at the
+   replay share (--replay, gradients only, flat-dp only: where buckets leave during backward no step is replayed
+   unasked; the parameter digest sees every flip), per strategy; the share detected at the
    injected rank and step; for the flips missed, the largest change they made to their element and the
    tensors they were in.
 
 Usage: .venv/bin/python bench/sdc_detection.py [--steps 2500] [--reps 1] [--cost-presets tiny,small]
-       [--bits 0,10,...,31] [--flips 20] [--replay 0,0.1]
+       [--bits 0,10,...,31] [--flips 20] [--replay 0,0.1] [--strategies flat-dp,hier-dp-overlap,ddp]
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from testbed.workload.local import launch
 from testbed.workload.options import Options
 
 DCS, RANKS = 2, 2
-BASE = Options(strategy="flat-dp", preset="tiny", micro_batch=4, micro_batches=1, seed=5)
+BUCKET_MB = 0.25  # several buckets even in the tiny GPT (0.9 MB of gradients): each is checked on its own
+BASE = Options(strategy="flat-dp", preset="tiny", micro_batch=4, micro_batches=1, seed=5, bucket_mb=BUCKET_MB,
+               bucket_cap_mb=BUCKET_MB)
+CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp")
 
 
 def records(directory: Path) -> list[dict]:
@@ -43,10 +49,10 @@ def records(directory: Path) -> list[dict]:
     return out
 
 
-def run(steps: int, env: dict[str, str], preset: str = BASE.preset) -> list[dict]:
+def run(steps: int, env: dict[str, str], preset: str = BASE.preset, strategy: str = BASE.strategy) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics"
-        options = replace(BASE, steps=steps, metrics_dir=str(metrics), preset=preset)
+        options = replace(BASE, steps=steps, metrics_dir=str(metrics), preset=preset, strategy=strategy)
         launch(DCS, RANKS, [options], Path(tmp) / "launch",
                timeout=7200, env=env)
         return records(metrics)
@@ -61,11 +67,11 @@ def step_walls(rows: list[dict], skip: int = 5) -> list[float]:
     return list(walls.values())
 
 
-def cost(steps: int, reps: int, preset: str) -> dict:
+def cost(steps: int, reps: int, preset: str, strategy: str) -> dict:
     off, on, shares, alarms, false, rank_steps = [], [], [], 0, 0, 0
     for rep in range(reps):
         for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
-            rows = run(steps, {"TESTBED_SDC_CHECK": "1"} if mode == "on" else {}, preset)
+            rows = run(steps, {"TESTBED_SDC_CHECK": "1"} if mode == "on" else {}, preset, strategy)
             walls = step_walls(rows)
             (on if mode == "on" else off).append(statistics.median(walls))
             if mode == "on":
@@ -75,14 +81,15 @@ def cost(steps: int, reps: int, preset: str) -> dict:
                 found = [r for r in rows if r["event"] == "sdc_detected"]
                 alarms += sum(r["classification"] == "reproduced" for r in found)
                 false += sum(r["classification"] != "reproduced" for r in found)
-    return {"preset": preset, "clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
+    return {"strategy": strategy, "preset": preset, "clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
             "false positives (SDC verdicts)": false,
             "step median off ms": statistics.median(off) * 1e3, "step median on ms": statistics.median(on) * 1e3,
             "checks / step (median) %": statistics.median(shares) * 100,
             "step median on/off - 1 %": (statistics.median(on) / statistics.median(off) - 1) * 100}
 
 
-def caught(bits: list[int], flips: int, target: str, seed: int, replay: float = 0.0) -> list[dict]:
+def caught(bits: list[int], flips: int, target: str, seed: int, replay: float = 0.0,
+           strategy: str = BASE.strategy) -> list[dict]:
     rng = random.Random(seed)
     out = []
     steps = 10 + 5 * flips
@@ -90,14 +97,14 @@ def caught(bits: list[int], flips: int, target: str, seed: int, replay: float = 
         plan = [{"rank": rng.randrange(DCS * RANKS), "step": 10 + 5 * i, "target": target, "bit": bit,
                  "tensor": None, "index": None, "seed": rng.randrange(2**62)} for i in range(flips)]
         rows = run(steps, {"TESTBED_SDC": json.dumps(plan), "TESTBED_SDC_CHECK": "1",
-                           "TESTBED_SDC_REPLAY": str(replay)})
+                           "TESTBED_SDC_REPLAY": str(replay)}, strategy=strategy)
         verdicts = [r for r in rows if r["event"] == "sdc_detected" and r["classification"] != "reproduced"]
         hits = {(r["rank"], r["step"]) for r in verdicts}
         injected = [r for r in rows if r["event"] == "sdc_injected"]
         found = sum((r["rank"], r["step"]) in hits for r in injected)
         changed = sum(r["before"] != r["after"] for r in injected)
         missed = [r for r in injected if (r["rank"], r["step"]) not in hits]
-        out.append({"target": target, "replay share": replay if target == "gradient" else "-", "bit": bit,
+        out.append({"strategy": strategy, "target": target, "replay share": replay if target == "gradient" else "-", "bit": bit,
                     "flips": len(injected), "caught at rank and step": found, "rate": found / len(injected),
                     "by": ",".join(sorted({r["detected_by"] for r in verdicts})) or "-",
                     "other verdicts": len(hits) - found, "value changed": changed,
@@ -116,15 +123,24 @@ def main() -> None:
     parser.add_argument("--flips", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--replay", default="0", help="replay shares for the gradient flips (comma-separated)")
+    parser.add_argument("--strategies", default="flat-dp", help="comma-separated: flat-dp, hier-dp-overlap, ddp")
+    parser.add_argument("--targets", default="gradient,parameter")
     args = parser.parse_args()
     started = time.time()
-    print(f"flat-dp, {DCS} DCs x {RANKS} ranks on loopback, real compute, micro-batch {BASE.micro_batch}")
-    costs = [cost(args.steps, args.reps, preset) for preset in args.cost_presets.split(",")]
+    strategies = args.strategies.split(",")
+    print(f"{DCS} DCs x {RANKS} ranks on loopback, real compute, micro-batch {BASE.micro_batch}, "
+          f"buckets {BUCKET_MB} MB")
+    costs = [cost(args.steps, args.reps, preset, strategy) for strategy in strategies
+             for preset in args.cost_presets.split(",")]
     print(pd.DataFrame(costs).to_markdown(index=False, floatfmt=".4g"))
-    bits = [int(b) for b in args.bits.split(",")]
-    table = [row for share in (float(x) for x in args.replay.split(","))
-             for row in caught(bits, args.flips, "gradient", args.seed, share)]
-    table += caught(bits, args.flips, "parameter", args.seed + 1)
+    bits = [int(b) for b in args.bits.split(",")] if args.bits else []
+    targets = args.targets.split(",")
+    table = [row for strategy in strategies for share in (float(x) for x in args.replay.split(","))
+             if "gradient" in targets and not (share and strategy in CHECKED_IN_BUCKETS)
+             for row in caught(bits, args.flips, "gradient", args.seed, share, strategy)]
+    if "parameter" in targets:
+        table += [row for strategy in strategies for row in caught(bits, args.flips, "parameter", args.seed + 1,
+                                                                    strategy=strategy)]
     print()
     print(pd.DataFrame(table).to_markdown(index=False, floatfmt=".3g"))
     print(f"\n{time.time() - started:.0f} s")

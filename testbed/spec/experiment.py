@@ -32,8 +32,11 @@ RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")
 # stage's ranks; in hsdp the ranks holding the same shard, one per DC)
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",
                   "hsdp")
-# which reduce gradients during backward: no gradient is whole on its rank before its collective
-REDUCE_IN_BACKWARD = ("hier-dp-overlap", "ddp", "hsdp")
+# whose gradients leave bucket by bucket during backward: each bucket is checked as it leaves, and a step cannot
+# be replayed before its collective (so none is sampled for a replay)
+CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp")
+# where no check reaches a gradient before its collective: FSDP2 reduce-scatters inside its own backward
+GRADIENTS_UNCHECKED = ("hsdp",)
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -214,9 +217,15 @@ class Experiment(BaseModel):
             if strategy not in SDC_STRATEGIES:
                 raise ValueError(f"{field}.kind: sdc is injected and checked in {', '.join(SDC_STRATEGIES)} only, "
                                  f"not {strategy} (strategy {spec.name})")
-            if fault.target == "gradient" and strategy in REDUCE_IN_BACKWARD:
-                raise ValueError(f"{field}.target: {strategy} reduces gradients during backward, so a gradient "
-                                 "cannot be corrupted before its collective (target: parameter can)")
+            if fault.target == "gradient" and strategy in GRADIENTS_UNCHECKED:
+                raise ValueError(f"{field}.target: {strategy} reduce-scatters gradients inside FSDP2's backward, "
+                                 f"where no check reaches them (strategy {spec.name}; target: parameter can)")
+            if fault.target == "gradient" and spec.options.get("comm_hook") == "powersgd":
+                raise ValueError(f"{field}.target: PowerSGD's error feedback would carry a poisoned bucket into "
+                                 f"every later step (strategy {spec.name}; target: parameter can)")
+            if self.sdc_replay and strategy in CHECKED_IN_BUCKETS:
+                raise ValueError(f"sdc_replay: {strategy}'s gradients leave bucket by bucket during backward, so a "
+                                 f"step cannot be replayed before its collective (strategy {spec.name})")
 
     def _check_sweep(self, key: str, values: list[Any]) -> None:
         if not values:

@@ -25,6 +25,14 @@ class Codec:
     def decode(self, parts: list[list[torch.Tensor]], numel: int) -> torch.Tensor:
         return torch.stack([p[0] for p in parts]).sum(0)
 
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """What the codec carries from step to step (error feedback), copied: a step computed again starts
+        from it (restore)."""
+        return {}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        """Take up a snapshot() again."""
+
 
 class HalfCodec(Codec):
     def __init__(self, dtype: torch.dtype) -> None:
@@ -55,6 +63,12 @@ class Int8Codec(Codec):
         if self.error_feedback:
             self.residual[key] = x - (q.float() * scale[:, None]).flatten()[: x.numel()]
         return [q.flatten(), scale.float()]
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {key: value.clone() for key, value in self.residual.items()}
+
+    def restore(self, state: dict[str, torch.Tensor]) -> None:
+        self.residual = dict(state)  # encode() replaces a residual, never changes one in place
 
     def decode(self, parts: list[list[torch.Tensor]], numel: int) -> torch.Tensor:
         total = None

@@ -72,14 +72,17 @@ class GradientChecksums:
                     self._sums[key] = (value, mass)
         self.seconds += time.perf_counter() - start
 
-    def mismatches(self) -> dict[str, float]:
+    def mismatches(self, grads: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Each covered parameter whose gradient does not sum to one of its checksums: the largest
         |difference| / mass (inf where the mass is 0 and the difference is not, or the gradient is not finite).
-        Every checksum is compared at once (a handful of tensor operations, not a few per checksum); the
-        parameters are named only when one is off."""
+        `grads`: only these gradients, by parameter name (a bucket's, which may be copies of the parameters' own
+        as in DDP's buckets). Every checksum is compared at once (a handful of tensor operations, not a few per
+        checksum); the parameters are named only when one is off."""
         start = time.perf_counter()
-        checks = [(name, reduce(self.covered[name].grad.detach()), expected, mass)
-                  for (name, reduce), (expected, mass) in self._sums.items() if self.covered[name].grad is not None]
+        if grads is None:
+            grads = {name: param.grad for name, param in self.covered.items() if param.grad is not None}
+        checks = [(name, reduce(grads[name].detach()), expected, mass)
+                  for (name, reduce), (expected, mass) in self._sums.items() if name in grads]
         out: dict[str, float] = {}
         if checks:
             difference = (torch.cat([c[1] for c in checks]) - torch.cat([c[2] for c in checks])).abs()

@@ -15,6 +15,9 @@ Detection (TESTBED_SDC_CHECK=1), every step:
   gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). With
   TESTBED_SDC_REPLAY = r each rank also replays a share r of its steps unasked (chosen by seed, rank and step),
   which catches flips too small for the norm (mantissa and low exponent bits) on the steps it samples.
+  Where gradients leave bucket by bucket during backward (hier-dp-overlap, DDP), each bucket is checked as it
+  leaves and a corrupt one poisoned, so that all ranks drop the reduction and compute the step again
+  (bucket_ready, after_sync).
 - parameters, which replicas must hold bit for bit: a digest of every parameter's bytes (CRC-32, so any
   flipped bit changes it) gathered from every rank; the ranks that differ from the
   majority are named, every rank takes the parameters of a rank of the majority (the last good state), and the
@@ -93,6 +96,12 @@ def checksum(tensors: list[torch.Tensor]) -> int:
     return crc
 
 
+def poison(tensor: torch.Tensor) -> None:
+    """Set one element of a gradient bucket to NaN: a reduced gradient with it is non-finite on every rank."""
+    with torch.no_grad():
+        tensor.view(-1)[0] = float("nan")
+
+
 def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
     """The positions whose value differs from the majority's, and the first position holding the majority's
     value (None on a tie: no majority to trust, every position that differs from another is named)."""
@@ -107,20 +116,27 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
 
 def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                    replicas: Callable[[], tuple[object, list[int]]], seed: int,
-                   model: torch.nn.Module | None, reduced_in_backward: str | None = None) -> Guard | None:
+                   model: torch.nn.Module | None, gradients_refused: str | None = None,
+                   in_buckets: bool = False) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
     None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
     `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums);
-    `reduced_in_backward`: the strategy's name where gradients leave during backward (gradient flips refused)."""
+    `gradients_refused`: why this strategy's gradients cannot be checked before their collective (gradient flips
+    refused); `in_buckets`: gradients are checked bucket by bucket as they leave during backward (bucket_ready),
+    where no step can be replayed before its collective, so none is sampled for a replay."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
         return None
-    if reduced_in_backward and any(item.target == "gradient" for item in injections):
-        raise ValueError(f"sdc: {reduced_in_backward} reduces gradients during backward: a gradient corruption "
-                         "cannot be injected before its collective (target: parameter can)")
+    if gradients_refused and any(item.target == "gradient" for item in injections):
+        raise ValueError(f"sdc: {gradients_refused}: a gradient corruption cannot be checked before its collective "
+                         "(target: parameter can)")
+    rate = replay_rate_from_env()
+    if in_buckets and rate:
+        raise ValueError("sdc: gradients leave bucket by bucket during backward here: a step cannot be replayed "
+                         "before its collective, so none is sampled for one (TESTBED_SDC_REPLAY must be 0)")
     sums = GradientChecksums(model) if check and model is not None else None
     group, ranks = replicas()
-    return Guard(rank, names, params, group, ranks, injections, check, replay_rate_from_env(), seed, sums)
+    return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums)
 
 
 class Guard:
@@ -137,6 +153,10 @@ class Guard:
         self.injections, self.check = injections, check
         self.norms: list[float] = []
         self.peaks: list[float] = []
+        self.bucket_norms: dict[int, list[float]] = {}  # each bucket's own history (buckets checked one by one)
+        self.bucket_peaks: dict[int, list[float]] = {}
+        self._flagged: dict[int, tuple[str, int]] = {}  # bucket -> (what flagged it, its digest), this computation
+        self._replaying: dict[int, tuple[str, int]] | None = None  # the first computation's flags, in its replay
         self.events: list[dict] = []
         self.check_s = 0.0
 
@@ -156,7 +176,9 @@ class Guard:
             self.sums.reset()
 
     # --- injection ------------------------------------------------------------------------------------------
-    def _inject(self, step: int, target: str) -> None:
+    def _inject(self, step: int, target: str, tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """Flip the bits due at `step` in `target`: in the parameters' gradients or data, or in `tensors` (a
+        bucket's gradients by parameter name: those due in another bucket wait for theirs)."""
         for item in self.injections:
             if item.step != step or item.target != target:
                 continue
@@ -165,7 +187,9 @@ class Guard:
             if name not in self.names:
                 raise ValueError(f"sdc: no parameter named {name!r} (parameters: {', '.join(self.names)})")
             param = self.params[self.names.index(name)]
-            tensor = param.grad if target == "gradient" else param.data
+            if tensors is not None and name not in tensors:
+                continue
+            tensor = tensors[name] if tensors is not None else param.grad if target == "gradient" else param.data
             index = item.index if item.index is not None else rng.randrange(tensor.numel())
             if index >= tensor.numel():
                 raise ValueError(f"sdc: {name} has {tensor.numel()} elements, no index {index}")
@@ -175,15 +199,21 @@ class Guard:
                                 "tensor": name, "index": index, "bit": item.bit, "before": before, "after": after})
 
     # --- gradients ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _norm_anomaly(tensors: list[torch.Tensor], norms: list[float], peaks: list[float]) -> tuple[bool, float, float]:
+        """Whether `tensors` are non-finite, or their norm or largest element above GRAD_FACTOR times the median of
+        their history (`norms`, `peaks`); their norm and largest element."""
+        norm = float(torch.nn.utils.get_total_norm(tensors, 2.0))  # fused over the tensors (torch's foreach norms)
+        peak = float(torch.nn.utils.get_total_norm(tensors, float("inf")))
+        bad = not (math.isfinite(norm) and math.isfinite(peak))
+        if not bad and norms:
+            bad = norm > GRAD_FACTOR * statistics.median(norms) or peak > GRAD_FACTOR * statistics.median(peaks)
+        return bad, norm, peak
+
     def _gradient_anomaly(self) -> tuple[str | None, float, float]:
         """What found this rank's gradient anomalous ("grad-checksum", "grad-norm"; None: nothing), its norm and
         largest element."""
-        grads = [param.grad.detach() for param in self.params]
-        norm = float(torch.nn.utils.get_total_norm(grads, 2.0))  # fused over the tensors (torch's foreach norms)
-        peak = float(torch.nn.utils.get_total_norm(grads, float("inf")))
-        bad = not (math.isfinite(norm) and math.isfinite(peak))
-        if not bad and self.norms:
-            bad = norm > GRAD_FACTOR * statistics.median(self.norms) or peak > GRAD_FACTOR * statistics.median(self.peaks)
+        bad, norm, peak = self._norm_anomaly([param.grad.detach() for param in self.params], self.norms, self.peaks)
         if self.sums is not None and self.sums.mismatches():
             return "grad-checksum", norm, peak
         return ("grad-norm" if bad else None), norm, peak
@@ -232,6 +262,78 @@ class Guard:
         if classification != "persistent":
             self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
         return loss
+
+    # --- gradients that leave during backward ----------------------------------------------------------------
+    # (hier-dp-overlap's buckets, DDP's): each bucket is checked as it becomes final, before it leaves; a bucket
+    # found corrupt is poisoned (one element set to NaN), so that every rank finds the reduced gradient
+    # non-finite after the collective -- as a loss scaler finds an overflow -- and all drop it and compute the
+    # step again together: the corrupt value went out, but no rank applies it, and no extra collective is needed
+    # to agree. A replay that gives the same bits again is the data's own (`reproduced`: not poisoned again);
+    # other bits that pass are `transient`; other bits flagged again are `persistent`, and the step is skipped.
+    def bucket_ready(self, step: int, bucket: int, grads: dict[str, torch.Tensor]) -> bool:
+        """Bucket `bucket`'s gradients (by parameter name) are final and about to leave: inject a gradient
+        corruption due in them now (first computation only) and check them. True: poison the bucket."""
+        replaying = self._replaying is not None
+        if not replaying:
+            self._inject(step, "gradient", grads)
+        if not self.check:
+            return False
+        start = time.perf_counter()
+        bad = "grad-checksum" if self.sums is not None and self.sums.mismatches(grads) else None
+        # the norm only for what no checksum covers: a bucket's own norm swings with its few tensors (measured:
+        # 20 alarms in 60 clean steps of the tiny GPT in 0.25 MB buckets, each a replay by every rank)
+        unchecked = [grad for name, grad in grads.items() if self.sums is None or name not in self.sums.covered]
+        norms, peaks = self.bucket_norms.setdefault(bucket, []), self.bucket_peaks.setdefault(bucket, [])
+        norm = peak = None
+        if bad is None and unchecked:
+            found, norm, peak = self._norm_anomaly(unchecked, norms, peaks)
+            bad = "grad-norm" if found else None
+        poison = False
+        if not replaying:
+            if bad:
+                self._flagged[bucket] = (bad, checksum(list(grads.values())))
+                poison = True
+        elif bucket in self._replaying:
+            detected_by, first = self._replaying[bucket]
+            if checksum(list(grads.values())) == first:
+                classification = "reproduced"
+            else:
+                classification = "persistent" if bad else "transient"
+                poison = bool(bad)
+            self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
+                                "detected_by": detected_by, "suspect_rank": self.rank,
+                                "classification": classification})
+        elif bad:  # clean in the first computation, corrupt in the replay: the step is dropped
+            self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
+                                "detected_by": bad, "suspect_rank": self.rank, "classification": "in the replay"})
+            poison = True
+        if not bad and norm is not None:
+            norms.append(norm)
+            peaks.append(peak)
+            del norms[:-HISTORY], peaks[:-HISTORY]
+        self.check_s += time.perf_counter() - start
+        return poison
+
+    def after_sync(self, step: int, reduced: Callable[[], list[torch.Tensor]],
+                   replay: Callable[[], float | None]) -> tuple[bool, float | None]:
+        """After the collectives of buckets checked by bucket_ready: whether to apply the reduced gradient, and
+        the loss of a replay (None: none ran). Every rank sees the same reduced gradient, so all decide alike:
+        non-finite (a rank poisoned a bucket) -> all compute the step again; non-finite again -> all skip it."""
+        if not self.check:
+            return True, None
+        loss = None
+        for attempt in range(2):
+            start = time.perf_counter()
+            finite = math.isfinite(float(torch.nn.utils.get_total_norm(reduced(), 2.0)))
+            self.check_s += time.perf_counter() - start
+            if finite or attempt == 1:
+                break
+            self._replaying, self._flagged = self._flagged, {}
+            loss = replay()  # recomputing is recovery as much as detection: its time is in the step
+        if self._replaying is not None:  # every rank says so: a step computed twice costs them all
+            self.events.append({"event": "sdc_replayed", "rank": self.rank, "step": step, "applied": finite})
+        self._replaying, self._flagged = None, {}
+        return finite, loss
 
     # --- parameters -----------------------------------------------------------------------------------------
     def _gather(self) -> list[int]:

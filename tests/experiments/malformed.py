@@ -125,12 +125,17 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "sdc_in_a_strategy_without_replicas": (text("[flat-dp, fsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, "
                                                                        "target: parameter, bit: 30}]\n"),
                                            "faults[0].kind", "no replica holds a shard twice"),
-    "gradient_sdc_where_buckets_leave_in_backward": (
-        text("[hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
-        "faults[0].target", "during backward"),
-    "gradient_sdc_in_pytorchs_ddp": (
-        text("[flat-dp, ddp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
-        "faults[0].target", "ddp reduces gradients during backward"),
+    "gradient_sdc_in_pytorchs_hsdp": (
+        text("[flat-dp, hsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
+        "faults[0].target", "no check reaches them"),
+    "gradient_sdc_under_powersgd": (
+        text("[flat-dp, {name: psgd, strategy: ddp, options: {comm_hook: powersgd}}]",
+             extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
+        "faults[0].target", "PowerSGD's error feedback"),
+    "sdc_replay_where_buckets_leave_in_backward": (
+        text("[flat-dp, hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
+                                                 "bit: 30}]\nsdc_replay: 10%\n"),
+        "sdc_replay", "cannot be replayed before its collective"),
     "restarts_where_replicas_differ": (text("[flat-dp, {name: d, strategy: diloco}]", extra="restarts: 2\n"),
                                        "restarts", "not diloco"),
     "checkpoints_without_restarts": (text("[flat-dp]", extra="checkpoint_every: 5\n"), "checkpoint_every",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from testbed.workload.options import Options
-from testbed.workload.sdc import Guard, Injection, checksum, flip_bit, odd_ones
+from testbed.workload.sdc import Guard, Injection, checksum, flip_bit, odd_ones, poison
 
 from .test_strategies import run
 
@@ -120,6 +120,54 @@ def test_a_flip_too_small_for_the_norm_is_caught_only_by_a_sampled_replay(rate, 
     events, _ = guard.take()
     assert [(e["step"], e["detected_by"], e["classification"]) for e in events if e["event"] == "sdc_detected"] \
         == expected
+
+
+class TwoRanks:
+    """A bucket's reduce as two ranks would make it: the sum of this rank's bucket (as the guard left it) and a
+    clean peer's, so that a poisoned bucket comes back non-finite."""
+
+    def __init__(self, guard: Guard, param: torch.nn.Parameter) -> None:
+        self.guard, self.param, self.reduced = guard, param, torch.zeros(100)
+        self.computations: list[int] = []
+
+    def backward(self, step: int, grad: torch.Tensor) -> None:
+        self.computations.append(step)
+        self.param.grad.copy_(grad)
+        if self.guard.bucket_ready(step, 0, {"w": self.param.grad}):
+            poison(self.param.grad)
+        self.reduced = self.param.grad + 1e-3
+
+    def step(self, step: int, first: torch.Tensor, again: torch.Tensor | None = None) -> bool:
+        self.backward(step, first)
+        apply, _ = self.guard.after_sync(step, lambda: [self.reduced],
+                                         lambda: self.backward(step, first if again is None else again))
+        return apply
+
+
+@pytest.mark.parametrize(("again", "classification", "applied"),
+                         [(None, "transient", True), ("same", "reproduced", True), ("other", "persistent", False)])
+def test_a_bucket_found_corrupt_is_poisoned_and_every_rank_computes_the_step_again(again, classification, applied):
+    """A bucket checked as it leaves (DDP's, hier-dp-overlap's): an exponent flip is poisoned, so the reduced
+    gradient is non-finite everywhere and the step is computed again: the flip is not injected twice (transient,
+    the replay's gradient is applied); the same bits again are the data's own (reproduced: sent as they are);
+    other bits still anomalous are persistent, and the step is skipped."""
+    guard, param = _guard(1e-3, [Injection(rank=0, step=3, target="gradient", bit=30, tensor="w", index=7)]
+                          if again is None else [])
+    ranks = TwoRanks(guard, param)
+    clean = torch.full((100,), 1e-3)
+    for step in range(3):
+        assert ranks.step(step, clean)
+    spike = clean.clone()
+    spike[5] = 4.0
+    other = clean.clone()
+    other[6] = float("inf")
+    first = clean if again is None else spike
+    assert ranks.step(3, first, {None: None, "same": spike, "other": other}[again]) is applied
+    assert ranks.computations == [0, 1, 2, 3, 3] and ranks.step(4, clean)
+    events, _ = guard.take()
+    caught = [(e["step"], e["detected_by"], e["classification"]) for e in events if e["event"] == "sdc_detected"]
+    assert caught == [(3, "grad-norm", classification)]
+    assert torch.isfinite(ranks.reduced).all() and ranks.computations[-1] == 4
 
 
 def test_clean_steps_raise_nothing():
@@ -241,3 +289,37 @@ def test_pytorchs_strategies_catch_a_parameter_flip_among_their_replicas(tmp_pat
         assert caught == [(3, 2, "param-checksum", "transient")], (strategy, caught)
         params = [out[strategy][r]["params"] for r in range(6)]
         assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), strategy
+
+
+def test_gradients_that_leave_during_backward_are_checked_bucket_by_bucket(tmp_path):
+    """2 DCs x 2 ranks, hier-dp-overlap (several buckets, chunks over 2 lanes; also with int8 and its error
+    feedback) and DDP (several buckets, 2 micro-batches under no_sync): gradient flips of bit 30 and bit 24 are
+    caught in their bucket as it leaves, at the injected rank and step; every rank drops the poisoned reduction
+    and computes the step again (transient); a parameter flip is caught by the digest. Replicas end identical."""
+    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
+                   "seed": 0},
+                  {"rank": 0, "step": 4, "target": "gradient", "bit": 24, "tensor": "2.mlp.0.weight", "index": 100,
+                   "seed": 0},
+                  {"rank": 2, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
+    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    base = Options(steps=6, micro_batch=2, micro_batches=2, seed=3)
+    overlap = replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2)
+    runs = {"overlap": overlap, "int8": replace(overlap, compression="int8"),
+            "ddp": replace(base, strategy="ddp", bucket_cap_mb=0.05)}
+    out = run(tmp_path, 2, 2, runs, env=env)
+    for name in runs:
+        events = [record for rank in range(4)
+                  for line in (tmp_path / name / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
+                  if (record := json.loads(line))["event"].startswith("sdc")]
+        caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
+                        for e in events if e["event"] == "sdc_detected")
+        assert caught == [(0, 4, "gradient", "grad-checksum", "transient"),
+                          (1, 3, "gradient", "grad-checksum", "transient"),
+                          (2, 2, "parameter", "param-checksum", "transient")], (name, caught)
+        replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
+        assert replayed == sorted((r, s, True) for r in range(4) for s in (3, 4)), (name, replayed)
+        params = [out[name][r]["params"] for r in range(4)]
+        assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), name
+        assert all(torch.isfinite(t).all() for t in params[0].values()), name
+        losses = [r["loss"] for r in out[name][0]["records"]]
+        assert all(0 < loss < 10 for loss in losses), (name, losses)

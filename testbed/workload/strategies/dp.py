@@ -26,7 +26,7 @@ import torch.distributed as dist
 from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import loss_fn
-from testbed.workload.sdc import checking_from_env, guard_from_env
+from testbed.workload.sdc import checking_from_env, guard_from_env, poison
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -53,11 +53,14 @@ class DataParallel(Strategy):
         self.optimizer = make_optimizer(self.params, ctx.opts)
         self.codec = make_codec(ctx.opts.compression)
         self._last_grads: dict[str, torch.Tensor] = {}
+        self.name_of = {id(param): name for name, param in zip(self.names, self.params)}
         self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas, ctx.opts.seed,
                                     self.model if ctx.synthetic_s is None else None,
-                                    None if self.checks_gradients_before_sync else self.name)
+                                    in_buckets=not self.checks_gradients_before_sync)
+        self.step_index = 0
 
-    checks_gradients_before_sync = True  # whether every gradient is final before the collective starts
+    checks_gradients_before_sync = True  # whether every gradient is final before the collective starts (else each
+    # bucket is checked as it leaves: bucket_checked)
 
     def replicas(self) -> tuple[object, list[int]]:
         """The process group whose ranks hold bit-identical parameters after every step, and its ranks."""
@@ -137,14 +140,38 @@ class DataParallel(Strategy):
     def sync(self) -> None:
         raise NotImplementedError
 
-    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
-        loss = self.checked_gradients(index, micro_batches, self.compute(index, micro_batches))
+    def bucket_checked(self, b: int, bucket: list[torch.nn.Parameter]) -> None:
+        """A bucket's gradients are final and about to leave: inject a corruption due in them, check them, and
+        poison the bucket when one is found (testbed.workload.sdc: every rank then drops the step's gradient)."""
+        if self.guard is not None:
+            grads = {self.name_of[id(param)]: param.grad for param in bucket}
+            if self.guard.bucket_ready(self.step_index, b, grads):
+                poison(bucket[0].grad)
+
+    def timed_sync(self) -> None:
         start = time.perf_counter()
         self.sync()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        self.step_index = index
+        in_buckets = self.guard is not None and not self.checks_gradients_before_sync
+        kept = self.codec.snapshot() if in_buckets else {}  # error feedback, as before the step: for a replay
+        loss = self.checked_gradients(index, micro_batches, self.compute(index, micro_batches))
+        self.timed_sync()
+        apply = True
+        if in_buckets:
+            def replay() -> float | None:
+                self.codec.restore(kept)
+                replayed = self.compute(index, micro_batches)
+                self.timed_sync()
+                return replayed
+
+            apply, replayed = self.guard.after_sync(index, lambda: [self.grad_flat], replay)
+            loss = replayed if replayed is not None else loss
         if self.ctx.opts.dump_dir:
             self._last_grads = {n: p.grad.detach().clone() for n, p in zip(self.names, self.params)}
-        if self.ctx.synthetic_s is None:
+        if self.ctx.synthetic_s is None and apply:
             self.optimizer.step()
         self.checked_parameters(index)
         return self.with_sdc({"loss": loss})
@@ -191,7 +218,7 @@ class HierDP(DataParallel):
 
 class HierDPOverlap(DataParallel):
     name = "hier-dp-overlap"
-    checks_gradients_before_sync = False  # buckets leave during backward
+    checks_gradients_before_sync = False  # buckets leave during backward: each is checked as it leaves
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
@@ -227,6 +254,7 @@ class HierDPOverlap(DataParallel):
         b = self.bucket_of[id(param)]
         self._pending[b] -= 1
         if self._pending[b] == 0:
+            self.bucket_checked(b, self.buckets[b])
             self._queue.put(b)
 
     def synthetic_backward(self, micro_batches: int) -> None:
@@ -239,6 +267,7 @@ class HierDPOverlap(DataParallel):
         for b, bucket in enumerate(self.buckets):
             deadline += total * BACKWARD_SHARE * sum(p.numel() for p in bucket) / numel
             sleep_until(deadline)
+            self.bucket_checked(b, bucket)
             self._queue.put(b)
 
     # communication threads ---------------------------------------------------------------------------

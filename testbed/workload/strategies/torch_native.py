@@ -22,6 +22,9 @@ uncompressed, from its own counters); its exposed time is how long backward kept
 gradient was final (DDP waits for its buckets at the end of backward). FSDP2's collectives go through
 counting subclasses of its own comms (`set_custom_all_gather`, `set_custom_reduce_scatter`) and HSDP's
 all-reduce is seen by `set_all_reduce_hook`, which FSDP2 calls right after it.
+
+Silent data corruption (testbed.workload.sdc): parameters in all but fsdp (no replica); gradients in ddp, whose
+buckets go through a comm hook that checks each before DDP's own all-reduce (or the chosen hook) sends it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.workload.model import Block, loss_fn
-from testbed.workload.sdc import guard_from_env
+from testbed.workload.sdc import guard_from_env, poison
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -46,9 +49,17 @@ class TorchNative(Strategy):
         self.names = [name for name, _ in self.model.named_parameters()]
         self.wrapped = self.wrap(self.model)
         self.optimizer = make_optimizer(list(self.wrapped.parameters()), ctx.opts)
-        # parameters only: PyTorch reduces every gradient inside backward, before one could be checked
         local = [_local(param) for param in self.model.parameters()]
-        self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed, None, self.name)
+        refused = self.gradients_refused()
+        self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed,
+                                    None if refused else self.model, refused, in_buckets=not refused)
+        self.buckets_checked = self.guard is not None and not refused
+        self.step_index = 0
+
+    def gradients_refused(self) -> str | None:
+        """Why no check reaches this strategy's gradients before their collective (None: its buckets are checked
+        as they leave, testbed.workload.sdc.Guard.bucket_ready)."""
+        return f"{self.name}: FSDP2 reduce-scatters every gradient inside backward, where no check reaches it"
 
     def replicas(self) -> tuple[object, list[int]]:
         """The process group whose ranks hold the same parameters (their local shards) after every step."""
@@ -66,7 +77,23 @@ class TorchNative(Strategy):
         return 0.0
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        self.step_index = index
+        total, apply = self.forward_backward(micro_batches), True
+        if self.buckets_checked:
+            apply, replayed = self.guard.after_sync(  # a replay sets new gradients (zero_grad to None)
+                index, lambda: [p.grad for p in self.model.parameters() if p.grad is not None],
+                lambda: self.forward_backward(micro_batches))
+            total = replayed if replayed is not None else total
+        if apply:
+            self.optimizer.step()
+        self.checked_parameters(index)
+        return self.with_sdc({"loss": total, **self.step_fields()})
+
+    def forward_backward(self, micro_batches: list[MicroBatch]) -> float:
+        """Every micro-batch's forward and backward, gradients reduced; the step's loss."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.guard is not None:
+            self.guard.gradients_zeroed()
         self.begin_step()
         total = 0.0
         start = time.perf_counter()
@@ -79,9 +106,7 @@ class TorchNative(Strategy):
         exposed = self.exposed()
         self.ctx.meter.add("compute_s", time.perf_counter() - start - exposed)
         self.ctx.meter.add("exposed_s", exposed)
-        self.optimizer.step()
-        self.checked_parameters(index)
-        return self.with_sdc({"loss": total, **self.step_fields()})
+        return total
 
     def begin_step(self) -> None:
         pass
@@ -119,15 +144,37 @@ class DDP(TorchNative):
         ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=ctx.opts.bucket_cap_mb)
         self.world = list(range(ctx.layout.world))
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self.hook = None
-        if ctx.opts.comm_hook != "none":
-            self.hook = MeteredHook(ctx, ctx.opts)
-            ddp.register_comm_hook(self.hook.state, self.hook.run)
+        self.hook = MeteredHook(ctx, ctx.opts) if ctx.opts.comm_hook != "none" else None
         self._syncing = False
         self._last_ready = 0.0
         for param in model.parameters():
             param.register_post_accumulate_grad_hook(self._grad_ready)
         return ddp
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        if self.buckets_checked:  # DDP takes one comm hook, before the first backward
+            self.name_of = {id(param): name for name, param in self.model.named_parameters()}
+            self.wrapped.register_comm_hook(None, self._checked_bucket)
+        elif self.hook is not None:
+            self.wrapped.register_comm_hook(self.hook.state, self.hook.run)
+
+    def gradients_refused(self) -> str | None:
+        if self.ctx.opts.comm_hook == "powersgd":
+            return "ddp with PowerSGD: its error feedback would carry a poisoned bucket into every later step"
+        return None
+
+    def _checked_bucket(self, state, bucket):  # no annotations: DDP checks them (see MeteredHook.run)
+        """Inject into and check a bucket before it leaves (poisoned when found corrupt), then reduce it as
+        DDP's own all-reduce (allreduce_hook) or the chosen comm hook would."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        grads = {self.name_of[id(param)]: grad for param, grad in zip(bucket.parameters(), bucket.gradients())}
+        if self.guard.bucket_ready(self.step_index, bucket.index(), grads):
+            poison(bucket.buffer())
+        if self.hook is not None:
+            return self.hook.run(self.hook.state, bucket)
+        return default_hooks.allreduce_hook(None, bucket)
 
     def _grad_ready(self, param: torch.nn.Parameter) -> None:
         if self._syncing:
