@@ -31,12 +31,10 @@ RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")
 # where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs; in pp a
 # stage's ranks; in hsdp the ranks holding the same shard, one per DC)
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",
-                  "hsdp")
-# whose gradients leave bucket by bucket during backward: each bucket is checked as it leaves, and a step cannot
-# be replayed before its collective (so none is sampled for a replay)
-CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp")
-# where no check reaches a gradient before its collective: FSDP2 reduce-scatters inside its own backward
-GRADIENTS_UNCHECKED = ("hsdp",)
+                  "hsdp", "fsdp")
+# whose gradients leave bucket by bucket during backward (FSDP2's: parameter by parameter): each is checked as it
+# leaves, and a step cannot be replayed before its collective (so none is sampled for a replay)
+CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp", "fsdp", "hsdp")
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -211,15 +209,13 @@ class Experiment(BaseModel):
         """Silent data corruption is injected and checked where replicas are identical (testbed.workload.sdc)."""
         for spec in self.strategies:
             strategy = spec.workload_strategy
-            if strategy == "fsdp":
-                raise ValueError(f"{field}.kind: fsdp shards every parameter over all ranks, so no replica holds a "
-                                 f"shard twice to compare with (strategy {spec.name}; hsdp keeps one per DC)")
+            if strategy == "fsdp" and fault.target == "parameter":
+                raise ValueError(f"{field}.target: fsdp shards every parameter over all ranks, so no replica holds a "
+                                 f"shard twice to compare with (strategy {spec.name}; hsdp keeps one per DC; "
+                                 "target: gradient can)")
             if strategy not in SDC_STRATEGIES:
                 raise ValueError(f"{field}.kind: sdc is injected and checked in {', '.join(SDC_STRATEGIES)} only, "
                                  f"not {strategy} (strategy {spec.name})")
-            if fault.target == "gradient" and strategy in GRADIENTS_UNCHECKED:
-                raise ValueError(f"{field}.target: {strategy} reduce-scatters gradients inside FSDP2's backward, "
-                                 f"where no check reaches them (strategy {spec.name}; target: parameter can)")
             if fault.target == "gradient" and spec.options.get("comm_hook") == "powersgd":
                 raise ValueError(f"{field}.target: PowerSGD's error feedback would carry a poisoned bucket into "
                                  f"every later step (strategy {spec.name}; target: parameter can)")

@@ -15,7 +15,8 @@ Detection (TESTBED_SDC_CHECK=1), every step:
   gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). With
   TESTBED_SDC_REPLAY = r each rank also replays a share r of its steps unasked (chosen by seed, rank and step),
   which catches flips too small for the norm (mantissa and low exponent bits) on the steps it samples.
-  Where gradients leave bucket by bucket during backward (hier-dp-overlap, DDP), each bucket is checked as it
+  Where gradients leave bucket by bucket during backward (hier-dp-overlap, DDP; FSDP2 parameter by parameter),
+  each bucket is checked as it
   leaves and a corrupt one poisoned, so that all ranks drop the reduction and compute the step again
   (bucket_ready, after_sync).
 - parameters, which replicas must hold bit for bit: a digest of every parameter's bytes (CRC-32, so any
@@ -345,7 +346,7 @@ class Guard:
     def after_update(self, step: int) -> None:
         """Inject a parameter corruption due now; compare every replica's checksum, restore from the majority."""
         self._inject(step, "parameter")
-        if not self.check:
+        if not self.check or len(self.group_ranks) < 2:  # a rank alone (fsdp's shards) has no replica to compare
             return
         start = time.perf_counter()
         odd, good = odd_ones(self._gather())

@@ -23,8 +23,9 @@ gradient was final (DDP waits for its buckets at the end of backward). FSDP2's c
 counting subclasses of its own comms (`set_custom_all_gather`, `set_custom_reduce_scatter`) and HSDP's
 all-reduce is seen by `set_all_reduce_hook`, which FSDP2 calls right after it.
 
-Silent data corruption (testbed.workload.sdc): parameters in all but fsdp (no replica); gradients in ddp, whose
-buckets go through a comm hook that checks each before DDP's own all-reduce (or the chosen hook) sends it.
+Silent data corruption (testbed.workload.sdc): parameters in all but fsdp (no replica); gradients in all:
+DDP's buckets go through a comm hook that checks each before DDP's own all-reduce (or the chosen hook) sends it,
+FSDP2's unsharded gradients are checked by a hook on each unsharded parameter before its unit's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.workload.model import Block, loss_fn
-from testbed.workload.sdc import guard_from_env, poison
+from testbed.workload.sdc import guard_from_env, injections_from_env, poison
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
 
 
@@ -57,9 +58,9 @@ class TorchNative(Strategy):
         self.step_index = 0
 
     def gradients_refused(self) -> str | None:
-        """Why no check reaches this strategy's gradients before their collective (None: its buckets are checked
-        as they leave, testbed.workload.sdc.Guard.bucket_ready)."""
-        return f"{self.name}: FSDP2 reduce-scatters every gradient inside backward, where no check reaches it"
+        """Why no check reaches this strategy's gradients before their collective (None: they are checked as
+        they leave during backward, testbed.workload.sdc.Guard.bucket_ready)."""
+        return None
 
     def replicas(self) -> tuple[object, list[int]]:
         """The process group whose ranks hold the same parameters (their local shards) after every step."""
@@ -81,7 +82,7 @@ class TorchNative(Strategy):
         total, apply = self.forward_backward(micro_batches), True
         if self.buckets_checked:
             apply, replayed = self.guard.after_sync(  # a replay sets new gradients (zero_grad to None)
-                index, lambda: [p.grad for p in self.model.parameters() if p.grad is not None],
+                index, lambda: [_local(p.grad) for p in self.model.parameters() if p.grad is not None],
                 lambda: self.forward_backward(micro_batches))
             total = replayed if replayed is not None else total
         if apply:
@@ -277,15 +278,55 @@ class FSDP(TorchNative):
             if isinstance(module, Block):
                 units.append(fully_shard(module, mesh=mesh, reshard_after_forward=self.ctx.opts.reshard_after_forward))
         units.append(fully_shard(model, mesh=mesh))
+        self.units = units
         for unit in units:
             self.comms.attach(unit)
         return model
 
     def replicas(self) -> tuple[object, list[int]]:
-        raise ValueError("sdc: fsdp shards every parameter over all ranks: no replica holds a shard twice to compare "
-                         "with (hsdp keeps one per DC)")
+        """None: fsdp shards every parameter over all ranks, no replica holds a shard twice to compare with (hsdp
+        keeps one per DC); its gradients are checked all the same."""
+        if any(item.target == "parameter" for item in injections_from_env(self.ctx.layout.rank)):
+            raise ValueError("sdc: fsdp shards every parameter over all ranks: no replica holds a shard twice to "
+                             "compare with (hsdp keeps one per DC; target: gradient can)")
+        return None, [self.ctx.layout.rank]
+
+    def setup(self, ctx: Context) -> None:
+        self._syncing = False
+        super().setup(ctx)
+        if self.buckets_checked:
+            self._watch_unsharded_gradients()
+
+    def _watch_unsharded_gradients(self) -> None:
+        """FSDP2 reduce-scatters each unit's unsharded gradients inside backward: a hook on every unsharded
+        parameter (which FSDP2 keeps from step to step, its storage freed between uses; made here by one unshard)
+        checks its gradient when the last micro-batch has accumulated it, before the unit's reduce-scatter. A
+        corrupt one is filled with NaN whole, so that every rank's shard of it comes back non-finite."""
+        shards = self.device_mesh.size(self.device_mesh.ndim - 1)
+        prefix = {module: name for name, module in self.model.named_modules()}
+        number = 0
+        for unit in self.units:
+            unit.unshard()
+            for fsdp_param in unit._get_fsdp_state()._fsdp_param_group.fsdp_params:  # FSDP2's own, not public
+                info = fsdp_param._module_info
+                name = ".".join(part for part in (prefix[info.module], info.param_name) if part)
+                if fsdp_param.unsharded_param.shape[0] < shards:
+                    raise ValueError(f"sdc: {name} has fewer rows ({fsdp_param.unsharded_param.shape[0]}) than the "
+                                     f"{shards} ranks it is sharded over: a rank with no shard of it could not see "
+                                     "its poison")
+                fsdp_param.unsharded_param.register_post_accumulate_grad_hook(self._checked_gradient(number, name))
+                number += 1
+            unit.reshard()
+
+    def _checked_gradient(self, number: int, name: str):
+        def hook(param: torch.nn.Parameter) -> None:
+            if self._syncing and self.guard.bucket_ready(self.step_index, number, {name: param.grad}):
+                with torch.no_grad():
+                    param.grad.fill_(float("nan"))
+        return hook
 
     def accumulating(self, last: bool):
+        self._syncing = last
         self.wrapped.set_requires_gradient_sync(last)
         return nullcontext()
 
