@@ -26,8 +26,9 @@ LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distanc
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
-# whose whole state rank 0 holds after every step, so that every rank can restart from its checkpoint
-RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap")
+# which restart from a checkpoint: rank 0's (the data-parallel ones: its state is every rank's) or each rank's own
+# (pp's stages; diloco's DCs, written after outer steps), testbed.workload.checkpoint
+RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "ddp", "pp", "diloco")
 # where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs; in pp a
 # stage's ranks; in hsdp the ranks holding the same shard, one per DC)
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",
@@ -202,7 +203,12 @@ class Experiment(BaseModel):
             for index, spec in enumerate(self.strategies):
                 if spec.workload_strategy not in RESTART_STRATEGIES:
                     raise ValueError(f"restarts: ranks restart from a checkpoint in {', '.join(RESTART_STRATEGIES)} "
-                                     f"only, not {spec.workload_strategy} (strategies[{index}], {spec.name})")
+                                     f"only, not {spec.workload_strategy} (strategies[{index}], {spec.name}: a "
+                                     "synchronisation may be in flight at any step, or the state is sharded)")
+                inner = spec.options.get("inner_steps", OPTIONS["inner_steps"].default)
+                if spec.workload_strategy == "diloco" and self.checkpoint_every % inner:
+                    raise ValueError(f"checkpoint_every: diloco's DCs are in step only after an outer step: a multiple "
+                                     f"of inner_steps ({inner}, strategies[{index}], {spec.name})")
         return self
 
     def _check_sdc(self, field: str, fault: Fault) -> None:

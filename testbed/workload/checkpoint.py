@@ -1,19 +1,27 @@
-"""Checkpoints for restarts (torchelastic's semantics): every TESTBED_CHECKPOINT_EVERY steps rank 0 writes the
-strategy's state after the step (written to a temporary file and renamed over the last: a rank killed while
-writing leaves the previous checkpoint whole); a rank started where one exists loads it and resumes at the next
-step. The data of a step is a pure function of (seed, step, index), so a resumed run trains on what the
-uninterrupted one would have. Only strategies whose replicas hold the whole state identically write one
-(Strategy.checkpoint_state)."""
+"""Checkpoints for restarts (torchelastic's semantics): every TESTBED_CHECKPOINT_EVERY steps the strategy's state
+after the step is written (to a temporary file renamed over the last: a rank killed while writing leaves the
+previous checkpoint whole); a rank started where one exists loads it and resumes at the next step. The data of a
+step is a pure function of (seed, step, index), so a resumed run trains on what the uninterrupted one would have.
+
+Two kinds (Strategy.checkpoint_per_rank): where every replica holds the whole state identically (flat-dp, hier-dp,
+hier-dp-overlap, ddp) rank 0 writes one file; where ranks hold different state (a pipeline's stages, DiLoCo's DCs
+between outer syncs) every rank writes its own, under the step (`ranks/step<S>/rank<r>.pt`), and a restart takes
+the last step whose files are all there -- the set is complete or not used, as torch.distributed.checkpoint
+commits a checkpoint only once every rank has written. Each rank keeps its last two: ranks are never more than one
+checkpoint apart (every step, or every outer step in DiLoCo, synchronises them)."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 FILE = "checkpoint.pt"
+RANKS = "ranks"
+STEP = re.compile(r"step(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -29,17 +37,36 @@ class Checkpointing:
         """Whether the state after `step` is written."""
         return self.every > 0 and (step + 1) % self.every == 0
 
-    def save(self, step: int, state: dict) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(f".tmp{os.getpid()}")
+    def save(self, step: int, state: dict, rank: int | None = None) -> None:
+        """Write the state after `step`: the world's (rank None) or rank `rank`'s own."""
+        path = self.path if rank is None else self.directory / RANKS / f"step{step}" / f"rank{rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".tmp{os.getpid()}")
         torch.save({"step": step, "state": state}, partial)
-        os.replace(partial, self.path)
+        os.replace(partial, path)
+        if rank is not None:
+            for old in self._steps()[:-2]:
+                (self.directory / RANKS / f"step{old}" / f"rank{rank}.pt").unlink(missing_ok=True)
 
-    def load(self) -> tuple[int, dict] | None:
-        """(the step the checkpoint was written after, the strategy's state), or None when there is none."""
-        if not self.path.exists():
+    def _steps(self) -> list[int]:
+        """The steps of which some rank wrote its own checkpoint, in order."""
+        found = [STEP.match(p.name) for p in (self.directory / RANKS).glob("step*")]
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def load(self, rank: int | None = None, world: int = 1) -> tuple[int, dict] | None:
+        """(the step the checkpoint was written after, the strategy's state), or None when there is none: the
+        world's (rank None), or rank `rank`'s from the last step all `world` ranks wrote theirs."""
+        if rank is None:
+            path = self.path
+        else:
+            complete = [step for step in self._steps()
+                        if all((self.directory / RANKS / f"step{step}" / f"rank{r}.pt").exists() for r in range(world))]
+            if not complete:
+                return None
+            path = self.directory / RANKS / f"step{complete[-1]}" / f"rank{rank}.pt"
+        if not path.exists():
             return None
-        saved = torch.load(self.path, weights_only=False)
+        saved = torch.load(path, weights_only=False)
         return int(saved["step"]), saved["state"]
 
 

@@ -69,7 +69,8 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     strategy = make_strategy(opts.strategy)
     strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device))
     checkpoints, first = checkpointing_from_env(), 0
-    saved = checkpoints.load() if checkpoints is not None else None
+    own = layout.rank if strategy.checkpoint_per_rank else None  # whose checkpoint this rank writes and reads
+    saved = checkpoints.load(own, layout.world) if checkpoints is not None else None
     if saved is not None:  # a restart: go on after the step the checkpoint was written after
         strategy.restore(saved[1])
         first = saved[0] + 1
@@ -104,9 +105,9 @@ def train_in_group(opts: Options, layout) -> list[dict]:
                   "tokens": count * cfg.seq_len / share, **result}
         writer.write(record)
         records.append(record)
-        if checkpoints is not None and checkpoints.due(step) and layout.rank == 0:
+        if checkpoints is not None and checkpoints.due(step) and (own is not None or layout.rank == 0):
             begun = time.perf_counter()
-            checkpoints.save(step, strategy.checkpoint_state())
+            checkpoints.save(step, strategy.checkpoint_state(), own)
             writer.write({"event": "checkpoint", "step": step, "rank": layout.rank, "seconds": time.perf_counter() - begun,
                           "time": time.time()})
     writer.close()

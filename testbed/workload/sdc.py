@@ -16,9 +16,8 @@ Detection (TESTBED_SDC_CHECK=1), every step:
   TESTBED_SDC_REPLAY = r each rank also replays a share r of its steps unasked (chosen by seed, rank and step),
   which catches flips too small for the norm (mantissa and low exponent bits) on the steps it samples.
   Where gradients leave bucket by bucket during backward (hier-dp-overlap, DDP; FSDP2 parameter by parameter),
-  each bucket is checked as it
-  leaves and a corrupt one poisoned, so that all ranks drop the reduction and compute the step again
-  (bucket_ready, after_sync).
+  each bucket is checked as it leaves and a corrupt one poisoned, so that all ranks drop the reduction and
+  compute the step again (bucket_ready, after_sync).
 - parameters, which replicas must hold bit for bit: a digest of every parameter's bytes (CRC-32, so any
   flipped bit changes it) gathered from every rank; the ranks that differ from the
   majority are named, every rank takes the parameters of a rank of the majority (the last good state), and the
@@ -265,7 +264,7 @@ class Guard:
         return loss
 
     # --- gradients that leave during backward ----------------------------------------------------------------
-    # (hier-dp-overlap's buckets, DDP's): each bucket is checked as it becomes final, before it leaves; a bucket
+    # (hier-dp-overlap's buckets, DDP's, FSDP2's parameters): each bucket is checked as it becomes final, before it leaves; a bucket
     # found corrupt is poisoned (one element set to NaN), so that every rank finds the reduced gradient
     # non-finite after the collective -- as a loss scaler finds an overflow -- and all drop it and compute the
     # step again together: the corrupt value went out, but no rank applies it, and no extra collective is needed
@@ -318,8 +317,9 @@ class Guard:
     def after_sync(self, step: int, reduced: Callable[[], list[torch.Tensor]],
                    replay: Callable[[], float | None]) -> tuple[bool, float | None]:
         """After the collectives of buckets checked by bucket_ready: whether to apply the reduced gradient, and
-        the loss of a replay (None: none ran). Every rank sees the same reduced gradient, so all decide alike:
-        non-finite (a rank poisoned a bucket) -> all compute the step again; non-finite again -> all skip it."""
+        the loss of a replay (None: none ran). A poisoned bucket comes back non-finite on every rank (its whole
+        reduction, or each rank's shard of it: FSDP2's are poisoned whole), so all decide alike: non-finite -> all
+        compute the step again; non-finite again -> all skip it."""
         if not self.check:
             return True, None
         loss = None

@@ -133,8 +133,11 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         text("[flat-dp, hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
                                                  "bit: 30}]\nsdc_replay: 10%\n"),
         "sdc_replay", "cannot be replayed before its collective"),
-    "restarts_where_replicas_differ": (text("[flat-dp, {name: d, strategy: diloco}]", extra="restarts: 2\n"),
-                                       "restarts", "not diloco"),
+    "restarts_where_a_sync_may_be_in_flight": (
+        text("[flat-dp, {name: d, strategy: async-diloco}]", extra="restarts: 2\n"), "restarts", "not async-diloco"),
+    "diloco_checkpoints_between_outer_steps": (
+        text("[flat-dp, {name: d, strategy: diloco, options: {inner_steps: 4}}]", extra="restarts: 1\ncheckpoint_every: 6\n"),
+        "checkpoint_every", "a multiple of inner_steps (4"),
     "checkpoints_without_restarts": (text("[flat-dp]", extra="checkpoint_every: 5\n"), "checkpoint_every",
                                      "set restarts too"),
     "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),

@@ -73,14 +73,30 @@ class Strategy(ABC):
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {}
 
+    checkpoint_per_rank = False  # whether each rank writes its own checkpoint (else rank 0's is every rank's)
+
     def checkpoint_state(self) -> dict:
-        """Everything a restarted rank needs to go on from the end of the last step (testbed.workload.checkpoint),
-        identical on every rank."""
+        """Everything a restarted rank needs to go on from the end of the last step (testbed.workload.checkpoint):
+        identical on every rank, or this rank's own (checkpoint_per_rank)."""
         raise NotImplementedError(f"{self.name} keeps no checkpoint")
 
     def restore(self, state: dict) -> None:
-        """Take up a checkpoint_state() written by rank 0."""
+        """Take up a checkpoint_state() written by rank 0 (or by this rank: checkpoint_per_rank)."""
         raise NotImplementedError(f"{self.name} keeps no checkpoint")
+
+
+def weights_and_optimizer(names: list[str], params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict:
+    """A checkpoint of parameters (copied) and an optimizer's state."""
+    return {"params": {n: p.detach().clone() for n, p in zip(names, params)}, "optimizer": optimizer.state_dict()}
+
+
+def restore_weights_and_optimizer(state: dict, names: list[str], params: list[torch.Tensor],
+                                  optimizer: torch.optim.Optimizer) -> None:
+    """Take up a weights_and_optimizer() checkpoint."""
+    with torch.no_grad():
+        for name, param in zip(names, params):
+            param.copy_(state["params"][name])
+    optimizer.load_state_dict(state["optimizer"])
 
 
 def build_model(ctx: Context, weights: bool = True) -> GPT:

@@ -27,7 +27,13 @@ import time
 
 import torch
 
-from testbed.workload.strategies.base import Context, MicroBatch, average_in_dc
+from testbed.workload.strategies.base import (
+    Context,
+    MicroBatch,
+    average_in_dc,
+    restore_weights_and_optimizer,
+    weights_and_optimizer,
+)
 from testbed.workload.strategies.dp import DataParallel
 
 
@@ -52,8 +58,22 @@ class DiLoCo(DataParallel):
         """Between outer syncs only a DC's ranks hold the same parameters."""
         return self.ctx.groups.intra, list(self.ctx.groups.intra_ranks)
 
+    checkpoint_per_rank = True  # the inner optimizer's state differs from DC to DC (checkpoints after outer steps)
+
     def checkpoint_state(self) -> dict:
-        raise NotImplementedError(f"{self.name} keeps no checkpoint: its DCs' replicas differ between outer syncs")
+        """This rank's parameters and inner optimizer, and the global weights and outer optimizer. Written after
+        an outer step (the experiment's checkpoint_every is a multiple of H), when the DCs are in step."""
+        if self.name != DiLoCo.name:
+            raise NotImplementedError(f"{self.name} keeps no checkpoint: a synchronisation may be in flight at any step")
+        return {**weights_and_optimizer(self.names, self.params, self.optimizer),
+                "global": [p.clone() for p in self.global_params], "outer": self.outer.state_dict()}
+
+    def restore(self, state: dict) -> None:
+        restore_weights_and_optimizer(state, self.names, self.params, self.optimizer)
+        with torch.no_grad():
+            for param, saved in zip(self.global_params, state["global"]):
+                param.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
 
     def inner_step(self, index: int, micro_batches: list[MicroBatch]) -> float | None:
         """One step of data parallelism inside the DC with the inner optimizer, its gradients checked before the

@@ -27,7 +27,15 @@ from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import loss_fn
 from testbed.workload.sdc import checking_from_env, guard_from_env, poison
-from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+from testbed.workload.strategies.base import (
+    Context,
+    MicroBatch,
+    Strategy,
+    build_model,
+    make_optimizer,
+    restore_weights_and_optimizer,
+    weights_and_optimizer,
+)
 
 
 class DataParallel(Strategy):
@@ -184,14 +192,10 @@ class DataParallel(Strategy):
 
     def checkpoint_state(self) -> dict:
         """The parameters and the optimizer's state: the same on every replica after a step."""
-        return {"params": {n: p.detach().clone() for n, p in zip(self.names, self.params)},
-                "optimizer": self.optimizer.state_dict()}
+        return weights_and_optimizer(self.names, self.params, self.optimizer)
 
     def restore(self, state: dict) -> None:
-        with torch.no_grad():
-            for name, param in zip(self.names, self.params):
-                param.copy_(state["params"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
+        restore_weights_and_optimizer(state, self.names, self.params, self.optimizer)
 
 
 class FlatDP(DataParallel):

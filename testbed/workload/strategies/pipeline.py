@@ -33,7 +33,16 @@ from testbed.spec.schedules import overlap_lookahead, schedule_ops
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
 from testbed.workload.sdc import checking_from_env, guard_from_env
-from testbed.workload.strategies.base import Context, MicroBatch, Strategy, average_in_dc, build_model, make_optimizer
+from testbed.workload.strategies.base import (
+    Context,
+    MicroBatch,
+    Strategy,
+    average_in_dc,
+    build_model,
+    make_optimizer,
+    restore_weights_and_optimizer,
+    weights_and_optimizer,
+)
 
 
 class Pipeline(Strategy):
@@ -265,3 +274,12 @@ class Pipeline(Strategy):
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {n: p.detach() for n, p in zip(self.names, self.params)}
+
+    checkpoint_per_rank = True  # each stage holds its own layers
+
+    def checkpoint_state(self) -> dict:
+        """This stage's parameters and optimizer (the same on the stage's replicas, another stage's elsewhere)."""
+        return weights_and_optimizer(self.names, self.params, self.optimizer)
+
+    def restore(self, state: dict) -> None:
+        restore_weights_and_optimizer(state, self.names, self.params, self.optimizer)

@@ -38,7 +38,15 @@ import torch.distributed as dist
 
 from testbed.workload.model import Block, loss_fn
 from testbed.workload.sdc import guard_from_env, injections_from_env, poison
-from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+from testbed.workload.strategies.base import (
+    Context,
+    MicroBatch,
+    Strategy,
+    build_model,
+    make_optimizer,
+    restore_weights_and_optimizer,
+    weights_and_optimizer,
+)
 
 
 class TorchNative(Strategy):
@@ -136,6 +144,13 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 class DDP(TorchNative):
     name = "ddp"
+
+    def checkpoint_state(self) -> dict:
+        """The parameters and the optimizer's state: the same on every replica after a step."""
+        return weights_and_optimizer(self.names, list(self.model.parameters()), self.optimizer)
+
+    def restore(self, state: dict) -> None:
+        restore_weights_and_optimizer(state, self.names, list(self.model.parameters()), self.optimizer)
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
