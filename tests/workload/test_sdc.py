@@ -17,6 +17,24 @@ from testbed.workload.sdc import Guard, Injection, checksum, flip_bit, odd_ones,
 from .test_strategies import run
 
 
+def sdc_events(directory, world: int) -> list[dict]:
+    """Every rank's SDC lines (injected, detected, replayed) of a run's metrics under `directory`."""
+    return [record for rank in range(world)
+            for line in (directory / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
+            if (record := json.loads(line))["event"].startswith("sdc")]
+
+
+# bit 30 of a gradient element on rank 1 at step 3, bit 24 (a factor of 2^2, which the gradient's norm does not
+# notice) of one on rank 0 at step 4, bit 30 of a parameter element on rank 2 at step 2; on 2 DCs x 2 ranks
+THREE_FLIPS = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
+                "seed": 0},
+               {"rank": 0, "step": 4, "target": "gradient", "bit": 24, "tensor": "2.mlp.0.weight", "index": 100,
+                "seed": 0},
+               {"rank": 2, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
+THREE_CAUGHT = [(0, 4, "gradient", "grad-checksum", "transient"), (1, 3, "gradient", "grad-checksum", "transient"),
+                (2, 2, "parameter", "param-checksum", "transient")]
+
+
 def bits_of(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
 
@@ -183,29 +201,17 @@ def test_exponent_flips_are_caught_at_the_injected_rank_and_step_and_rolled_back
     """2 DCs x 2 ranks, real compute: bit 30 of a gradient element on rank 1 at step 3, bit 24 (a factor of 2^2,
     which the gradient's norm does not notice) of one on rank 0 at step 4, and bit 30 of a parameter element on
     rank 2 at step 2, in flat-dp and hier-dp; nothing else is flagged, replicas end identical."""
-    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
-                   "seed": 0},
-                  {"rank": 0, "step": 4, "target": "gradient", "bit": 24, "tensor": "2.mlp.0.weight", "index": 100,
-                   "seed": 0},
-                  {"rank": 2, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
-    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    env = {"TESTBED_SDC": json.dumps(THREE_FLIPS), "TESTBED_SDC_CHECK": "1"}
     base = Options(steps=6, micro_batch=2, micro_batches=1, seed=3)
     out = run(tmp_path, 2, 2, {"flat": replace(base, strategy="flat-dp"), "hier": replace(base, strategy="hier-dp")},
               env=env)
     for name in ("flat", "hier"):
-        events = []
-        for rank in range(4):
-            for line in (tmp_path / name / "metrics" / f"rank{rank}.jsonl").read_text().splitlines():
-                record = json.loads(line)
-                if record["event"].startswith("sdc"):
-                    events.append(record)
+        events = sdc_events(tmp_path / name, 4)
         injected = sorted((e["rank"], e["step"], e["target"]) for e in events if e["event"] == "sdc_injected")
         caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
                         for e in events if e["event"] == "sdc_detected")
         assert injected == [(0, 4, "gradient"), (1, 3, "gradient"), (2, 2, "parameter")], name
-        assert caught == [(0, 4, "gradient", "grad-checksum", "transient"),
-                          (1, 3, "gradient", "grad-checksum", "transient"),
-                          (2, 2, "parameter", "param-checksum", "transient")], (name, caught)
+        assert caught == THREE_CAUGHT, (name, caught)
         params = [out[name][r]["params"] for r in range(4)]
         for key in params[0]:
             assert all(torch.equal(params[0][key], p[key]) for p in params[1:]), (name, key)
@@ -225,9 +231,7 @@ def test_the_diloco_strategies_catch_flips_inside_each_dc(tmp_path):
     out = run(tmp_path, 2, 3, {"diloco": replace(base, strategy="diloco"),
                                "async": replace(base, strategy="async-diloco")}, env=env)
     for name in ("diloco", "async"):
-        events = [record for rank in range(6)
-                  for line in (tmp_path / name / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
-                  if (record := json.loads(line))["event"].startswith("sdc")]
+        events = sdc_events(tmp_path / name, 6)
         caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
                         for e in events if e["event"] == "sdc_detected")
         assert caught == [(1, 3, "gradient", "grad-checksum", "transient"),
@@ -254,9 +258,7 @@ def test_a_pipeline_catches_flips_in_each_stage_and_replays_the_stage_alone(tmp_
     base = Options(strategy="pp", schedule="interleaved-1f1b", virtual_chunks=2, steps=6, micro_batch=2,
                    micro_batches=2, seed=3)
     out = run(tmp_path, 2, 3, {"pp": base}, env=env)
-    events = [record for rank in range(6)
-              for line in (tmp_path / "pp" / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
-              if (record := json.loads(line))["event"].startswith("sdc")]
+    events = sdc_events(tmp_path / "pp", 6)
     caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
                     for e in events if e["event"] == "sdc_detected")
     assert caught == [(1, 3, "gradient", "grad-checksum", "transient"),
@@ -279,9 +281,7 @@ def test_pytorchs_strategies_catch_a_parameter_flip_among_their_replicas(tmp_pat
     base = Options(steps=4, micro_batch=2, micro_batches=1, seed=3)
     out = run(tmp_path, 3, 2, {name: replace(base, strategy=name) for name in ("ddp", "hsdp")}, env=env)
     for strategy in ("ddp", "hsdp"):
-        events = [record for r in range(6)
-                  for line in (tmp_path / strategy / "metrics" / f"rank{r}.jsonl").read_text().splitlines()
-                  if (record := json.loads(line))["event"].startswith("sdc")]
+        events = sdc_events(tmp_path / strategy, 6)
         injected = [(e["rank"], e["step"], e["target"]) for e in events if e["event"] == "sdc_injected"]
         assert injected == [(3, 2, "parameter")], (strategy, injected)
         caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
@@ -296,26 +296,17 @@ def test_gradients_that_leave_during_backward_are_checked_bucket_by_bucket(tmp_p
     feedback) and DDP (several buckets, 2 micro-batches under no_sync): gradient flips of bit 30 and bit 24 are
     caught in their bucket as it leaves, at the injected rank and step; every rank drops the poisoned reduction
     and computes the step again (transient); a parameter flip is caught by the digest. Replicas end identical."""
-    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
-                   "seed": 0},
-                  {"rank": 0, "step": 4, "target": "gradient", "bit": 24, "tensor": "2.mlp.0.weight", "index": 100,
-                   "seed": 0},
-                  {"rank": 2, "step": 2, "target": "parameter", "bit": 30, "tensor": None, "index": None, "seed": 7}]
-    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    env = {"TESTBED_SDC": json.dumps(THREE_FLIPS), "TESTBED_SDC_CHECK": "1"}
     base = Options(steps=6, micro_batch=2, micro_batches=2, seed=3)
     overlap = replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2)
     runs = {"overlap": overlap, "int8": replace(overlap, compression="int8"),
             "ddp": replace(base, strategy="ddp", bucket_cap_mb=0.05)}
     out = run(tmp_path, 2, 2, runs, env=env)
     for name in runs:
-        events = [record for rank in range(4)
-                  for line in (tmp_path / name / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()
-                  if (record := json.loads(line))["event"].startswith("sdc")]
+        events = sdc_events(tmp_path / name, 4)
         caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
                         for e in events if e["event"] == "sdc_detected")
-        assert caught == [(0, 4, "gradient", "grad-checksum", "transient"),
-                          (1, 3, "gradient", "grad-checksum", "transient"),
-                          (2, 2, "parameter", "param-checksum", "transient")], (name, caught)
+        assert caught == THREE_CAUGHT, (name, caught)
         replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
         assert replayed == sorted((r, s, True) for r in range(4) for s in (3, 4)), (name, replayed)
         params = [out[name][r]["params"] for r in range(4)]
@@ -336,9 +327,7 @@ def test_fsdp2s_gradients_are_checked_before_its_reduce_scatter(tmp_path):
     base = Options(steps=4, micro_batch=2, micro_batches=2, seed=3)
     out = run(tmp_path, 3, 2, {name: replace(base, strategy=name) for name in ("hsdp", "fsdp")}, env=env)
     for strategy in ("hsdp", "fsdp"):
-        events = [record for r in range(6)
-                  for line in (tmp_path / strategy / "metrics" / f"rank{r}.jsonl").read_text().splitlines()
-                  if (record := json.loads(line))["event"].startswith("sdc")]
+        events = sdc_events(tmp_path / strategy, 6)
         caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
                   for e in events if e["event"] == "sdc_detected"]
         assert caught == [(4, 2, "grad-checksum", "transient")], (strategy, caught)
