@@ -124,7 +124,8 @@ def sdc_env(faults: list[Fault], cell_id: str, seed: int, replay: float = 0.0) -
     checks run in every cell that has one) and TESTBED_SDC_REPLAY (the share of steps replayed unasked); nothing
     without SDC faults."""
     items = [{"rank": f.rank, "step": f.at.step, "target": f.target, "bit": f.bit, "tensor": f.tensor,
-              "index": f.index, "seed": fault_seed(seed, cell_id, i)} for i, f in enumerate(faults) if f.kind == "sdc"]
+              "index": f.index, "seed": fault_seed(seed, cell_id, i), "sticky": bool(f.sticky)}
+             for i, f in enumerate(faults) if f.kind == "sdc"]
     if not items:
         return {}
     return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": f"{replay:g}"}

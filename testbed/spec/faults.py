@@ -9,6 +9,7 @@
       - {kind: kill, rank: 3, at: step 6}
       - {kind: straggler, rank: 2, at: step 3, duration: 5s, slowdown: 3}
       - {kind: sdc, rank: 1, at: step 8, target: gradient, bit: 30}
+      - {kind: sdc, rank: 2, at: step 9, target: parameter, bit: 27, sticky: true}  # flips again when redone
 
 `at` is `step N` (when rank 0 starts step N) or a time from the cell's first step. What each kind takes is
 checked here; what needs the topology or the workload (a link, a rank, a step) is checked by
@@ -37,7 +38,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "flap": ("between", "duration", "period", "down"), "kill": ("rank",),
     "straggler": ("rank", "duration", "slowdown"), "sdc": ("rank", "target", "bit"),
 }
-OPTIONAL: dict[str, tuple[str, ...]] = {"latency": ("jitter",), "sdc": ("tensor", "index")}
+OPTIONAL: dict[str, tuple[str, ...]] = {"latency": ("jitter",), "sdc": ("tensor", "index", "sticky")}
 
 _STEP = re.compile(r"^\s*step\s+(\d+)\s*$")
 
@@ -93,6 +94,7 @@ class Fault(BaseModel):
     bit: int | None = None
     tensor: str | None = None
     index: int | None = None
+    sticky: bool | None = None  # sdc: flipped again in every replay of the step (a defect of the rank's own)
 
     @field_validator("at", mode="before")
     @classmethod

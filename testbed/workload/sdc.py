@@ -11,8 +11,10 @@ Detection (TESTBED_SDC_CHECK=1), every step:
   norm, or a norm or largest element above GRAD_FACTOR times the median of this rank's last HISTORY steps
   (for parameters the checksums do not cover). The step's local gradient is then recomputed (a replay: samples
   are a pure function of seed, step and index): the same bits again mean no corruption (`reproduced`: the
-  data's own spike), other bits mean the first was corrupt (`transient` when the replay passes, and its
-  gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). With
+  data's own spike) -- unless the checksums found it, which hold for any data: then the rank repeats its own
+  defect (`persistent`) --, other bits mean the first was corrupt (`transient` when the replay passes, and its
+  gradient is the one reduced: nothing corrupt reached the collective; `persistent` when not). A persistent
+  gradient is left out of the step (zeros: the rank's samples count for nothing) rather than spread. With
   TESTBED_SDC_REPLAY = r each rank also replays a share r of its steps unasked (chosen by seed, rank and step),
   which catches flips too small for the norm (mantissa and low exponent bits) on the steps it samples.
   Where gradients leave bucket by bucket during backward (hier-dp-overlap, DDP; FSDP2 parameter by parameter),
@@ -54,6 +56,7 @@ class Injection:
     tensor: str | None = None
     index: int | None = None
     seed: int = 0
+    sticky: bool = False  # flipped again in every replay of the step (a deterministic defect of the rank)
 
 
 def injections_from_env(rank: int) -> list[Injection]:
@@ -176,11 +179,13 @@ class Guard:
             self.sums.reset()
 
     # --- injection ------------------------------------------------------------------------------------------
-    def _inject(self, step: int, target: str, tensors: dict[str, torch.Tensor] | None = None) -> None:
+    def _inject(self, step: int, target: str, tensors: dict[str, torch.Tensor] | None = None,
+                again: bool = False) -> None:
         """Flip the bits due at `step` in `target`: in the parameters' gradients or data, or in `tensors` (a
-        bucket's gradients by parameter name: those due in another bucket wait for theirs)."""
+        bucket's gradients by parameter name: those due in another bucket wait for theirs). `again`: a replay of
+        the step (or a restore) is done: only sticky flips come back, and are not reported twice."""
         for item in self.injections:
-            if item.step != step or item.target != target:
+            if item.step != step or item.target != target or (again and not item.sticky):
                 continue
             rng = random.Random(item.seed)
             name = item.tensor or rng.choice(self.names)
@@ -195,6 +200,8 @@ class Guard:
                 raise ValueError(f"sdc: {name} has {tensor.numel()} elements, no index {index}")
             with torch.no_grad():
                 before, after = flip_bit(tensor, index, item.bit)
+            if again:
+                continue
             self.events.append({"event": "sdc_injected", "rank": self.rank, "step": step, "target": target,
                                 "tensor": name, "index": index, "bit": item.bit, "before": before, "after": after})
 
@@ -230,8 +237,9 @@ class Guard:
         an anomaly or when the step is sampled. Returns the replay's loss when the step was replayed, else None.
 
         A replay that gives the same bits as the first computation means no corruption (an anomaly is then the
-        data's own spike: `reproduced`); different bits mean the first was corrupt: `transient` when the replay
-        passes (a second replay agrees with it, when sampled), `persistent` when it does not."""
+        data's own spike: `reproduced`), but for a checksum mismatch (no data gives one: `persistent`); different
+        bits mean the first was corrupt: `transient` when the replay passes (a second replay agrees with it, when
+        sampled), `persistent` when it does not. A persistent gradient is zeroed: left out of the collective."""
         self._inject(step, "gradient")
         if not self.check:
             return None
@@ -243,24 +251,34 @@ class Guard:
         if first is None:
             self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
             return None
-        loss = replay()  # recomputing is recovery as much as detection: its time is in the step, not check_s
+        loss = self._replayed(step, replay)  # recovery as much as detection: its time is in the step, not check_s
         start = time.perf_counter()
         again, norm, peak = self._gradient_anomaly()
         second = self._grad_digest()
         self.check_s += time.perf_counter() - start
-        if second == first:
-            classification = "reproduced" if bad else None
+        if second == first:  # the same bits: the data's own spike, unless its checksums say no data gives them
+            classification = ("persistent" if bad == "grad-checksum" else "reproduced") if bad else None
         elif bad:
             classification = "persistent" if again else "transient"
         else:  # a sampled replay disagreed with a gradient that looked normal: which of the two is right?
-            loss = replay()
+            loss = self._replayed(step, replay)
             classification = "transient" if self._grad_digest() == second else "persistent"
         if classification is not None:
             self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
                                 "detected_by": bad or "replay-sample", "suspect_rank": self.rank,
                                 "classification": classification})
-        if classification != "persistent":
+        if classification == "persistent":
+            with torch.no_grad():
+                for param in self.params:
+                    param.grad.zero_()
+        else:
             self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+        return loss
+
+    def _replayed(self, step: int, replay: Callable[[], float | None]) -> float | None:
+        """The step's local compute done again (a defect of this rank's own, a sticky flip, comes back)."""
+        loss = replay()
+        self._inject(step, "gradient", again=True)
         return loss
 
     # --- gradients that leave during backward ----------------------------------------------------------------
@@ -268,14 +286,14 @@ class Guard:
     # found corrupt is poisoned (one element set to NaN), so that every rank finds the reduced gradient
     # non-finite after the collective -- as a loss scaler finds an overflow -- and all drop it and compute the
     # step again together: the corrupt value went out, but no rank applies it, and no extra collective is needed
-    # to agree. A replay that gives the same bits again is the data's own (`reproduced`: not poisoned again);
-    # other bits that pass are `transient`; other bits flagged again are `persistent`, and the step is skipped.
+    # to agree. A replay that gives the same bits again is the data's own (`reproduced`: not poisoned again),
+    # unless the checksums flagged them (`persistent`); other bits that pass are `transient`; other bits flagged
+    # again are `persistent`, and the step is skipped.
     def bucket_ready(self, step: int, bucket: int, grads: dict[str, torch.Tensor]) -> bool:
         """Bucket `bucket`'s gradients (by parameter name) are final and about to leave: inject a gradient
         corruption due in them now (first computation only) and check them. True: poison the bucket."""
         replaying = self._replaying is not None
-        if not replaying:
-            self._inject(step, "gradient", grads)
+        self._inject(step, "gradient", grads, again=replaying)
         if not self.check:
             return False
         start = time.perf_counter()
@@ -295,8 +313,10 @@ class Guard:
                 poison = True
         elif bucket in self._replaying:
             detected_by, first = self._replaying[bucket]
-            if checksum(list(grads.values())) == first:
+            if checksum(list(grads.values())) == first and detected_by != "grad-checksum":
                 classification = "reproduced"
+            elif checksum(list(grads.values())) == first:  # no data gives a gradient its checksums deny
+                classification, poison = "persistent", True
             else:
                 classification = "persistent" if bad else "transient"
                 poison = bool(bad)
@@ -356,6 +376,7 @@ class Guard:
                 with torch.no_grad():
                     for param in self.params:
                         dist.broadcast(param.data, self.group_ranks[good], group=self.group)
+                self._inject(step, "parameter", again=True)  # a cell that keeps flipping flips the restored value
                 classification = "transient" if not odd_ones(self._gather())[0] else "persistent"
             if self.rank == self.group_ranks[0]:  # one record per detection, written by the group's first rank
                 for position in odd:

@@ -336,3 +336,34 @@ def test_fsdp2s_gradients_are_checked_before_its_reduce_scatter(tmp_path):
         params = [out[strategy][r]["params"] for r in range(6)]
         assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), strategy
         assert all(torch.isfinite(t).all() for t in params[0].values()), strategy
+
+
+def test_a_defect_of_the_ranks_own_that_a_replay_repeats_is_persistent_and_kept_out(tmp_path):
+    """Sticky flips (every replay of the step flips the same bit again: a rank's own defect) on 2 DCs x 2 ranks:
+    a gradient's, which its checksums deny and the replay repeats bit for bit, is `persistent`, not the data's own
+    spike; flat-dp leaves the rank's gradient out of the step, hier-dp-overlap (poisoned twice) skips the step on
+    every rank. A parameter's, flipped again after the restore, is `persistent` too (and restored the step after).
+    Replicas end identical and finite: the corrupt gradient reached no one."""
+    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.attn.weight", "index": 100,
+                   "seed": 0, "sticky": True},
+                  {"rank": 2, "step": 2, "target": "parameter", "bit": 23, "tensor": "2.mlp.0.weight", "index": 9,
+                   "seed": 0, "sticky": True}]
+    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    base = Options(steps=5, micro_batch=2, micro_batches=1, seed=3)
+    runs = {"flat": replace(base, strategy="flat-dp"),
+            "overlap": replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2)}
+    out = run(tmp_path, 2, 2, runs, env=env)
+    for name in runs:
+        events = sdc_events(tmp_path / name, 4)
+        injected = sorted((e["rank"], e["step"], e["target"]) for e in events if e["event"] == "sdc_injected")
+        assert injected == [(1, 3, "gradient"), (2, 2, "parameter")], (name, injected)  # reported once each
+        caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
+                        for e in events if e["event"] == "sdc_detected")
+        assert caught == [(1, 3, "gradient", "grad-checksum", "persistent"),
+                          (2, 2, "parameter", "param-checksum", "persistent"),
+                          (2, 3, "parameter", "param-checksum", "transient")], (name, caught)
+        replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
+        assert replayed == ([(r, 3, False) for r in range(4)] if name == "overlap" else []), (name, replayed)
+        params = [out[name][r]["params"] for r in range(4)]
+        assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), name
+        assert all(torch.isfinite(t).all() for t in params[0].values()), name
