@@ -119,16 +119,17 @@ def pg_timeout(faults: list[Fault]) -> float:
     return max(PG_TIMEOUT_S, longest_partition(faults) + PG_TIMEOUT_MARGIN_S)
 
 
-def sdc_env(faults: list[Fault], cell_id: str, seed: int, replay: float = 0.0) -> dict[str, str]:
+def sdc_env(faults: list[Fault], cell_id: str, seed: int, replay: float = 0.0, by: str = "self") -> dict[str, str]:
     """TESTBED_SDC (the corruptions the workload injects, each with its fault's seed), TESTBED_SDC_CHECK (the
-    checks run in every cell that has one) and TESTBED_SDC_REPLAY (the share of steps replayed unasked); nothing
-    without SDC faults."""
+    checks run in every cell that has one), TESTBED_SDC_REPLAY (the share of steps replayed unasked) and
+    TESTBED_SDC_BUDDY (replayed by a buddy); nothing without SDC faults."""
     items = [{"rank": f.rank, "step": f.at.step, "target": f.target, "bit": f.bit, "tensor": f.tensor,
               "index": f.index, "seed": fault_seed(seed, cell_id, i), "sticky": bool(f.sticky)}
              for i, f in enumerate(faults) if f.kind == "sdc"]
     if not items:
         return {}
-    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": f"{replay:g}"}
+    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": f"{replay:g}",
+            "TESTBED_SDC_BUDDY": "1" if by == "buddy" else "0"}
 
 
 def sdc_record(metrics_dir: Path) -> list[dict]:
@@ -161,8 +162,8 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
-             seed: int = 0, sdc_replay: float = 0.0, forks: ForkServer | None = None, restarts: int = 0,
-             checkpoint_every: int = 0) -> dict:
+             seed: int = 0, sdc_replay: float = 0.0, sdc_replay_by: str = "self", forks: ForkServer | None = None,
+             restarts: int = 0, checkpoint_every: int = 0) -> dict:
     """Run one cell, with `faults` on their schedule; returns its result record (also written to
     cell_dir/result.json). With `forks`, ranks of the built-in workload are forked by it. After a rank dies,
     up to `restarts` times every rank is started again (on a fresh port), from the last checkpoint; `timeout`
@@ -177,7 +178,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     probe = calibrate(testbed, calibration)
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
-    env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay),
+    env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
            **checkpoint_env(cell_dir, restarts, checkpoint_every)}
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env)
     launched, clock = time.time(), time.monotonic()
@@ -276,7 +277,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
                               experiment.calibrate, experiment.workload.ranks_per_node,
                               on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None,
                               faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
-                              sdc_replay=experiment.sdc_replay, forks=forks,
+                              sdc_replay=experiment.sdc_replay, sdc_replay_by=experiment.sdc_replay_by, forks=forks,
                               restarts=0 if cell.baseline else experiment.restarts,
                               checkpoint_every=experiment.checkpoint_every)
             if progress:

@@ -162,6 +162,7 @@ class Experiment(BaseModel):
     thresholds: list[Threshold] = []
     faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
     sdc_replay: float = 0.0  # with sdc faults: the share of steps each rank replays unasked (testbed.workload.sdc)
+    sdc_replay_by: Literal["self", "buddy"] = "self"  # who replays a sampled step: the rank, or another replica
     restarts: int = Field(0, ge=0, le=100)  # after a rank dies, start every rank again (from the last checkpoint)
     checkpoint_every: int = Field(0, ge=0)  # steps between checkpoints (0: a restart begins at step 0)
 
@@ -197,6 +198,16 @@ class Experiment(BaseModel):
                                  f"is dark for {dark:g} s, as long as cell_timeout ({self.cell_timeout:g} s) or longer")
         if self.sdc_replay and not any(fault.kind == "sdc" for fault in self.faults):
             raise ValueError("sdc_replay: replays check for silent data corruption: add an sdc fault to faults:")
+        if self.sdc_replay_by == "buddy":
+            if not self.sdc_replay:
+                raise ValueError("sdc_replay_by: a buddy replays sampled steps: set sdc_replay too")
+            if self.workload.compute == "synthetic":
+                raise ValueError("sdc_replay_by: a buddy recomputes another rank's gradient from its samples: "
+                                 "synthetic compute has none (workload.compute: real)")
+            for index, spec in enumerate(self.strategies):
+                if spec.workload_strategy == "pp":
+                    raise ValueError(f"sdc_replay_by: a pipeline stage's inputs come from other stages, so no buddy "
+                                     f"can recompute them (strategies[{index}], {spec.name})")
         if self.checkpoint_every and not self.restarts:
             raise ValueError("checkpoint_every: checkpoints are what restarts begin from: set restarts too")
         if self.restarts:

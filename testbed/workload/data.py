@@ -45,3 +45,11 @@ def samples(step: int, first: int, count: int, seq_len: int, seed: int,
         starts.append(int(torch.randint(lo, hi - seq_len - 1, (1,), generator=gen)))
     window = torch.stack([data[s: s + seq_len + 1] for s in starts])
     return window[:, :-1], window[:, 1:]
+
+
+def micro_batches(ranges: list[tuple[int, int]], step: int, seq_len: int, seed: int, micro_batch: int,
+                  device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The samples of `ranges` ((first, count) each) of `step`, cut into micro-batches of `micro_batch`."""
+    parts = [samples(step, first, count, seq_len, seed) for first, count in ranges]
+    x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return list(zip(x.to(device).split(micro_batch), y.to(device).split(micro_batch)))

@@ -86,9 +86,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     share = layout.num_dcs if opts.strategy == "pp" else 1  # a pipeline's tokens, counted once
     records = []
     for step in range(first, opts.steps):
-        parts = [data.samples(step, first, n, cfg.seq_len, opts.seed) for first, n in ranges]
-        x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        micro = list(zip(x.to(device).split(opts.micro_batch), y.to(device).split(opts.micro_batch)))
+        micro = data.micro_batches(ranges, step, cfg.seq_len, opts.seed, opts.micro_batch, device)
         writer.write({"event": "step_begin", "step": step, "rank": layout.rank, "time": time.time()})  # faults' clock
         meter.reset()
         start = time.perf_counter()

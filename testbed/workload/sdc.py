@@ -69,6 +69,11 @@ def checking_from_env() -> bool:
     return os.environ.get("TESTBED_SDC_CHECK", "0") == "1"
 
 
+def buddy_from_env() -> bool:
+    """TESTBED_SDC_BUDDY=1: sampled steps are replayed by a buddy rank, not by the rank itself."""
+    return os.environ.get("TESTBED_SDC_BUDDY", "0") == "1"
+
+
 def replay_rate_from_env() -> float:
     """TESTBED_SDC_REPLAY: the share of steps each rank replays unasked (0 to 1; default 0: on anomalies only)."""
     rate = float(os.environ.get("TESTBED_SDC_REPLAY") or 0.0)
@@ -120,26 +125,30 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
 def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                    replicas: Callable[[], tuple[object, list[int]]], seed: int,
                    model: torch.nn.Module | None, gradients_refused: str | None = None,
-                   in_buckets: bool = False) -> Guard | None:
+                   in_buckets: bool = False, can_recompute_for_others: bool = False) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
     None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
     `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums);
     `gradients_refused`: why this strategy's gradients cannot be checked before their collective (gradient flips
     refused); `in_buckets`: gradients are checked bucket by bucket as they leave during backward (bucket_ready),
-    where no step can be replayed before its collective, so none is sampled for a replay."""
+    where no step can be replayed before its collective, so none is sampled for a replay;
+    `can_recompute_for_others`: the strategy can compute another replica's gradient (a buddy replay)."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
         return None
     if gradients_refused and any(item.target == "gradient" for item in injections):
         raise ValueError(f"sdc: {gradients_refused}: a gradient corruption cannot be checked before its collective "
                          "(target: parameter can)")
-    rate = replay_rate_from_env()
+    rate, buddy = replay_rate_from_env(), buddy_from_env()
     if in_buckets and rate:
         raise ValueError("sdc: gradients leave bucket by bucket during backward here: a step cannot be replayed "
                          "before its collective, so none is sampled for one (TESTBED_SDC_REPLAY must be 0)")
+    if buddy and (model is None or not can_recompute_for_others):
+        raise ValueError("sdc: a buddy replays another rank's gradient from that rank's samples: not with synthetic "
+                         "compute, nor in a pipeline, whose stages' inputs come from other ranks (TESTBED_SDC_BUDDY)")
     sums = GradientChecksums(model) if check and model is not None else None
     group, ranks = replicas()
-    return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums)
+    return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums, buddy)
 
 
 class Guard:
@@ -148,9 +157,10 @@ class Guard:
 
     def __init__(self, rank: int, names: list[str], params: list[torch.nn.Parameter], group: object,
                  group_ranks: list[int], injections: list[Injection], check: bool, replay_rate: float = 0.0,
-                 seed: int = 0, sums: GradientChecksums | None = None) -> None:
-        """`sums`: the model's gradient checksums, when its gradients are computed (not synthetic)."""
-        self.rank, self.names, self.params, self.sums = rank, names, params, sums
+                 seed: int = 0, sums: GradientChecksums | None = None, buddy: bool = False) -> None:
+        """`sums`: the model's gradient checksums, when its gradients are computed (not synthetic); `buddy`:
+        sampled steps are replayed by buddies (before_collective's recompute_for)."""
+        self.rank, self.names, self.params, self.sums, self.buddy = rank, names, params, sums, buddy
         self.replay_rate, self.seed = replay_rate, seed
         self.group, self.group_ranks = group, group_ranks
         self.injections, self.check = injections, check
@@ -162,6 +172,7 @@ class Guard:
         self._replaying: dict[int, tuple[str, int]] | None = None  # the first computation's flags, in its replay
         self.events: list[dict] = []
         self.check_s = 0.0
+        self._left_out = False  # this step's gradient was zeroed as persistently corrupt
 
     def take(self) -> tuple[list[dict], float]:
         """Events since the last call, and the seconds the checks took (the detection cost, the checksums'
@@ -229,10 +240,13 @@ class Guard:
         return checksum([param.grad for param in self.params])
 
     def _sampled(self, step: int) -> bool:
-        """Whether this rank replays step `step` unasked (a pure function of seed, rank and step)."""
-        return self.replay_rate > 0 and random.Random(f"{self.seed}/{self.rank}/{step}").random() < self.replay_rate
+        """Whether step `step` is replayed unasked: a pure function of seed, rank and step (of seed and step with
+        buddies, so that every replica takes part in the same steps' exchanges)."""
+        key = f"{self.seed}/{step}" if self.buddy else f"{self.seed}/{self.rank}/{step}"
+        return self.replay_rate > 0 and random.Random(key).random() < self.replay_rate
 
-    def before_collective(self, step: int, replay: Callable[[], float | None]) -> float | None:
+    def before_collective(self, step: int, replay: Callable[[], float | None],
+                          recompute_for: Callable[[int], None] | None = None) -> float | None:
         """Inject a gradient corruption due now; check this rank's gradient, replaying the step's local compute on
         an anomaly or when the step is sampled. Returns the replay's loss when the step was replayed, else None.
 
@@ -243,9 +257,18 @@ class Guard:
         self._inject(step, "gradient")
         if not self.check:
             return None
+        self._left_out = False
+        loss = self._self_check(step, replay)
+        if self.buddy and self._sampled(step):
+            assert recompute_for is not None, "a buddy replay needs the strategy's recompute_for"
+            loss = self._buddy_check(step, replay, recompute_for, loss)
+        return loss
+
+    def _self_check(self, step: int, replay: Callable[[], float | None]) -> float | None:
+        """before_collective's check on this rank alone; the replay's loss when one ran."""
         start = time.perf_counter()
         bad, norm, peak = self._gradient_anomaly()
-        sampled = not bad and self._sampled(step)
+        sampled = not bad and not self.buddy and self._sampled(step)
         first = self._grad_digest() if bad or sampled else None
         self.check_s += time.perf_counter() - start
         if first is None:
@@ -268,11 +291,80 @@ class Guard:
                                 "detected_by": bad or "replay-sample", "suspect_rank": self.rank,
                                 "classification": classification})
         if classification == "persistent":
-            with torch.no_grad():
-                for param in self.params:
-                    param.grad.zero_()
+            self._leave_out()
         else:
             self.norms, self.peaks = [*self.norms, norm][-HISTORY:], [*self.peaks, peak][-HISTORY:]
+        return loss
+
+    def _leave_out(self) -> None:
+        """This rank's gradient is known corrupt and cannot be made right: zeroed, its samples count for nothing
+        (the collective's average is not spread with it)."""
+        with torch.no_grad():
+            for param in self.params:
+                param.grad.zero_()
+        self._left_out = True
+
+    def _others_gradient(self, rank: int, recompute_for: Callable[[int], None]) -> int:
+        """The digest of rank `rank`'s local gradient of this step computed here; this rank's own is kept."""
+        kept = [param.grad.clone() for param in self.params]
+        recompute_for(rank)
+        digest = self._grad_digest()
+        with torch.no_grad():
+            for param, grad in zip(self.params, kept):
+                param.grad.copy_(grad)
+        return digest
+
+    def _exchange(self, values: list[int]) -> list[list[int]]:
+        mine = torch.tensor(values, dtype=torch.int64)
+        out = [torch.zeros(len(values), dtype=torch.int64) for _ in self.group_ranks]
+        dist.all_gather(out, mine, group=self.group)
+        return [[int(v) for v in row] for row in out]
+
+    def _buddy_check(self, step: int, replay: Callable[[], float | None], recompute_for: Callable[[int], None],
+                     loss: float | None) -> float | None:
+        """A sampled step replayed by buddies: every replica recomputes its predecessor's gradient (from that
+        rank's samples, on its own hardware) and the digests are exchanged (one all-gather). Where a rank's and its
+        buddy's disagree, the rank replays itself and the rank after its buddy recomputes it too (a second
+        all-gather): the rank's replay agreeing with its buddy -> its first computation was corrupt (`transient`,
+        the replay goes on); its replay repeating its first while the second buddy sides with the first ->
+        a defect of the rank's own (`persistent`, left out), which a replay on the rank itself cannot see; the
+        second buddy siding with the rank -> the buddy's recomputation was corrupt (`transient`, on the buddy).
+        Decided alike on every rank from the same exchanges; each verdict is written by the rank it names."""
+        n, me = len(self.group_ranks), self.group_ranks.index(self.rank)
+        if n < 2:
+            return loss
+        start = time.perf_counter()
+        first = -1 if self._left_out else self._grad_digest()  # -1: already judged
+        checked = self._others_gradient(self.group_ranks[(me - 1) % n], recompute_for)
+        rows = self._exchange([first, checked])
+        disputed = [j for j in range(n) if rows[j][0] != -1 and rows[(j + 1) % n][1] != rows[j][0]]
+        if disputed:
+            mine = -1
+            if me in disputed:
+                loss = self._replayed(step, replay)
+                mine = self._grad_digest()
+            seconds = [self._others_gradient(self.group_ranks[j], recompute_for)
+                       if n > 2 and (j + 2) % n == me else -1 for j in range(n)]
+            rows2 = self._exchange([mine, *seconds])
+            for j in disputed:
+                f, c1, r = rows[j][0], rows[(j + 1) % n][1], rows2[j][0]
+                c2 = rows2[(j + 2) % n][1 + j] if n > 2 else None
+                named, verdict = self.group_ranks[j], "unresolved (two replicas)"
+                if r == c1:
+                    verdict = "transient"
+                elif r == f and c2 == c1:
+                    verdict = "persistent"
+                elif r == f and c2 == f:
+                    named, verdict = self.group_ranks[(j + 1) % n], "transient"  # the buddy's recomputation
+                elif r != f:
+                    verdict = "persistent"  # three different gradients from the rank: it cannot repeat itself
+                if named == self.rank:
+                    self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step,
+                                        "target": "gradient", "detected_by": "buddy-replay",
+                                        "suspect_rank": self.rank, "classification": verdict})
+                if j == me and verdict == "persistent" and named == self.rank:
+                    self._leave_out()
+        self.check_s += time.perf_counter() - start
         return loss
 
     def _replayed(self, step: int, replay: Callable[[], float | None]) -> float | None:

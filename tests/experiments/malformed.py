@@ -140,6 +140,14 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         "checkpoint_every", "a multiple of inner_steps (4"),
     "checkpoints_without_restarts": (text("[flat-dp]", extra="checkpoint_every: 5\n"), "checkpoint_every",
                                      "set restarts too"),
+    "buddy_replay_without_sampling": (
+        text("[flat-dp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"
+                                "sdc_replay_by: buddy\n"),
+        "sdc_replay_by", "set sdc_replay too"),
+    "buddy_replay_in_a_pipeline": (
+        text("[flat-dp, {name: p, strategy: pp}]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
+                                                        "bit: 30}]\nsdc_replay: 10%\nsdc_replay_by: buddy\n"),
+        "sdc_replay_by", "no buddy can recompute them"),
     "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),
     "sdc_replay_beyond_every_step": (text("[flat-dp]", extra="sdc_replay: 150%\n"), "sdc_replay",
                                      "between 0% and 100%"),

@@ -367,3 +367,32 @@ def test_a_defect_of_the_ranks_own_that_a_replay_repeats_is_persistent_and_kept_
         params = [out[name][r]["params"] for r in range(4)]
         assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), name
         assert all(torch.isfinite(t).all() for t in params[0].values()), name
+
+
+def test_a_buddy_replay_sees_a_defect_that_the_ranks_own_replay_repeats(tmp_path):
+    """flat-dp, 2 DCs x 2 ranks, every step replayed (sdc_replay 100 %): a sticky flip of mantissa bit 10 (too small
+    for norm and checksums) on rank 1 at step 3 comes back in the rank's own replay, so replaying itself finds
+    nothing (missed); its buddy, recomputing the rank's gradient from the rank's samples, disagrees, the rank's
+    replay repeats its first, the second buddy sides with the first: `persistent`, left out. A one-off flip of bit 10
+    on rank 2 at step 2 is `transient` both ways; an exponent flip on rank 0 at step 4 is caught by the checksums."""
+    injections = [{"rank": 1, "step": 3, "target": "gradient", "bit": 10, "tensor": "1.attn.weight", "index": 100,
+                   "seed": 0, "sticky": True},
+                  {"rank": 2, "step": 2, "target": "gradient", "bit": 10, "tensor": "2.mlp.0.weight", "index": 7,
+                   "seed": 0},
+                  {"rank": 0, "step": 4, "target": "gradient", "bit": 30, "tensor": "2.mlp.0.weight", "index": 100,
+                   "seed": 0}]
+    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": "1"}
+    options = {"run": Options(strategy="flat-dp", steps=5, micro_batch=2, micro_batches=1, seed=3)}
+    out = {"self": run(tmp_path / "self", 2, 2, options, env=env)["run"],
+           "buddy": run(tmp_path / "buddy", 2, 2, options, env={**env, "TESTBED_SDC_BUDDY": "1"})["run"]}
+    expected = {"self": [(0, 4, "grad-checksum", "transient"), (2, 2, "replay-sample", "transient")],
+                "buddy": [(0, 4, "grad-checksum", "transient"), (1, 3, "buddy-replay", "persistent"),
+                          (2, 2, "buddy-replay", "transient")]}
+    for mode in out:
+        caught = sorted((e["rank"], e["step"], e["detected_by"], e["classification"])
+                        for e in sdc_events(tmp_path / mode / "run", 4) if e["event"] == "sdc_detected")
+        assert caught == expected[mode], (mode, caught)
+        params = [out[mode][r]["params"] for r in range(4)]
+        assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), mode
+    # the buddies' run kept rank 1's corrupt gradient out of step 3; the rank's own replay let it through
+    assert any(not torch.equal(out["self"][0]["params"][k], out["buddy"][0]["params"][k]) for k in out["self"][0]["params"])

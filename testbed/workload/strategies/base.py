@@ -62,9 +62,12 @@ class Strategy(ABC):
 
     def sample_ranges(self) -> list[tuple[int, int]]:
         """(first global sample, count) ranges this rank trains on per step."""
-        opts, layout = self.ctx.opts, self.ctx.layout
-        per_rank = opts.micro_batch * opts.micro_batches
-        return [(layout.rank * per_rank, per_rank)]
+        return self.sample_ranges_of(self.ctx.layout.rank)
+
+    def sample_ranges_of(self, rank: int) -> list[tuple[int, int]]:
+        """The sample_ranges() of rank `rank` (a data-parallel rank's: its share of the global batch)."""
+        per_rank = self.ctx.opts.micro_batch * self.ctx.opts.micro_batches
+        return [(rank * per_rank, per_rank)]
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
         """The averaged gradients the last step applied (tests compare strategies with them)."""

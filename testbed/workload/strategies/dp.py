@@ -23,6 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from testbed.workload import data
 from testbed.workload.compression import make_codec
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import loss_fn
@@ -64,7 +65,7 @@ class DataParallel(Strategy):
         self.name_of = {id(param): name for name, param in zip(self.names, self.params)}
         self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas, ctx.opts.seed,
                                     self.model if ctx.synthetic_s is None else None,
-                                    in_buckets=not self.checks_gradients_before_sync)
+                                    in_buckets=not self.checks_gradients_before_sync, can_recompute_for_others=True)
         self.step_index = 0
 
     checks_gradients_before_sync = True  # whether every gradient is final before the collective starts (else each
@@ -78,7 +79,8 @@ class DataParallel(Strategy):
         """Before the collective: inject a gradient corruption due now and check (replaying the step's compute on
         an anomaly); the loss of the gradients that go on."""
         if self.guard is not None and self.checks_gradients_before_sync:
-            replayed = self.guard.before_collective(index, lambda: self.compute(index, micro_batches))
+            replayed = self.guard.before_collective(index, lambda: self.compute(index, micro_batches),
+                                                    lambda rank: self.compute(index, self.micro_batches_of(rank, index)))
             return replayed if replayed is not None else loss
         return loss
 
@@ -103,6 +105,12 @@ class DataParallel(Strategy):
             self.ctx.meter.add("compute_s", time.perf_counter() - start)
             total += loss.item()
         return total
+
+    def micro_batches_of(self, rank: int, index: int) -> list[MicroBatch]:
+        """Rank `rank`'s micro-batches of step `index` (a buddy recomputes its gradient from them)."""
+        opts = self.ctx.opts
+        return data.micro_batches(self.sample_ranges_of(rank), index, self.ctx.cfg.seq_len, opts.seed,
+                                  opts.micro_batch, self.ctx.device)
 
     def before_micro_batch(self, last: bool) -> None:
         """Hook for strategies that start communication during the last backward."""
@@ -248,6 +256,12 @@ class HierDPOverlap(DataParallel):
             param.register_post_accumulate_grad_hook(self._grad_ready)
 
     # backward side ---------------------------------------------------------------------------------
+    def micro_batches_of(self, rank: int, index: int) -> list[MicroBatch]:
+        """Rank `rank`'s micro-batches of step `index` (a buddy recomputes its gradient from them)."""
+        opts = self.ctx.opts
+        return data.micro_batches(self.sample_ranges_of(rank), index, self.ctx.cfg.seq_len, opts.seed,
+                                  opts.micro_batch, self.ctx.device)
+
     def before_micro_batch(self, last: bool) -> None:
         self._armed = last
         self._pending = [len(bucket) for bucket in self.buckets]
