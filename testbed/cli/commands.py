@@ -349,7 +349,6 @@ def run(ctx: typer.Context,
         image: Optional[str] = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
     """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report.
     Exit 1 when a cell failed (or, with --check, a threshold was missed)."""
-    from testbed.collect.report import build_report
     from testbed.fabric import cancel
     from testbed.runner.experiment import run_command, run_experiment
     from testbed.runner.progress import RunProgress
@@ -373,6 +372,8 @@ def run(ctx: typer.Context,
                                                     launcher=launcher))
     finally:
         progress.stop()
+    from testbed.collect.report import build_report  # pandas and matplotlib: not for a file refused at load time
+
     build_report(run_dir)
     report = run_dir / "report.html"
     out.print(f"[green]done[/green]: {run_dir}" + (f"\nreport: {report}" if report.exists() else ""))
