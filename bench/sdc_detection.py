@@ -17,6 +17,7 @@
 
 Usage: .venv/bin/python bench/sdc_detection.py [--steps 2500] [--reps 1] [--cost-presets tiny,small]
        [--bits 0,10,...,31] [--flips 20] [--replay 0,0.1] [--strategies flat-dp,hier-dp-overlap,ddp]
+       [--targets gradient,parameter] [--buddy 0.1]
 """
 
 from __future__ import annotations
@@ -67,11 +68,15 @@ def step_walls(rows: list[dict], skip: int = 5) -> list[float]:
     return list(walls.values())
 
 
-def cost(steps: int, reps: int, preset: str, strategy: str) -> dict:
+def cost(steps: int, reps: int, preset: str, strategy: str, buddy: float = 0.0) -> dict:
+    """The checks' cost; with `buddy`, that share of steps also replayed by buddies (TESTBED_SDC_BUDDY)."""
     off, on, shares, alarms, false, rank_steps = [], [], [], 0, 0, 0
+    checks = {"TESTBED_SDC_CHECK": "1"}
+    if buddy:
+        checks |= {"TESTBED_SDC_REPLAY": str(buddy), "TESTBED_SDC_BUDDY": "1"}
     for rep in range(reps):
         for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
-            rows = run(steps, {"TESTBED_SDC_CHECK": "1"} if mode == "on" else {}, preset, strategy)
+            rows = run(steps, checks if mode == "on" else {}, preset, strategy)
             walls = step_walls(rows)
             (on if mode == "on" else off).append(statistics.median(walls))
             if mode == "on":
@@ -81,7 +86,8 @@ def cost(steps: int, reps: int, preset: str, strategy: str) -> dict:
                 found = [r for r in rows if r["event"] == "sdc_detected"]
                 alarms += sum(r["classification"] == "reproduced" for r in found)
                 false += sum(r["classification"] != "reproduced" for r in found)
-    return {"strategy": strategy, "preset": preset, "clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
+    return {"strategy": strategy + (f" + buddy {buddy:.0%}" if buddy else ""), "preset": preset,
+            "clean rank-steps checked": rank_steps, "alarms (replay: reproduced)": alarms,
             "false positives (SDC verdicts)": false,
             "step median off ms": statistics.median(off) * 1e3, "step median on ms": statistics.median(on) * 1e3,
             "checks / step (median) %": statistics.median(shares) * 100,
@@ -125,6 +131,8 @@ def main() -> None:
     parser.add_argument("--replay", default="0", help="replay shares for the gradient flips (comma-separated)")
     parser.add_argument("--strategies", default="flat-dp", help="comma-separated: flat-dp, hier-dp-overlap, ddp")
     parser.add_argument("--targets", default="gradient,parameter")
+    parser.add_argument("--buddy", type=float, default=0.0,
+                        help="also the cost of flat-dp with this share of steps replayed by buddies")
     args = parser.parse_args()
     started = time.time()
     strategies = args.strategies.split(",")
@@ -132,6 +140,8 @@ def main() -> None:
           f"buckets {BUCKET_MB} MB")
     costs = [cost(args.steps, args.reps, preset, strategy) for strategy in strategies
              for preset in args.cost_presets.split(",")]
+    if args.buddy:
+        costs += [cost(args.steps, args.reps, preset, "flat-dp", args.buddy) for preset in args.cost_presets.split(",")]
     print(pd.DataFrame(costs).to_markdown(index=False, floatfmt=".4g"))
     bits = [int(b) for b in args.bits.split(",")] if args.bits else []
     targets = args.targets.split(",")
