@@ -151,6 +151,25 @@ def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
     return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums, buddy)
 
 
+@dataclass
+class Flagged:
+    """A bucket found corrupt in a step's first computation, judged in its replay by its parameters' names (not
+    its index: DDP lays its buckets out anew after its first step, so one bucket may come back as several)."""
+
+    detected_by: str
+    digests: dict[str, int]  # parameter -> its gradient's digest in the first computation
+    pending: set[str]  # parameters not yet seen in the replay
+    changed: bool = False  # some gradient came back with other bits
+    again: bool = False  # some bucket holding its gradients was flagged again in the replay
+
+    def verdict(self) -> str:
+        """reproduced: the same bits, flagged by the norm (the data's own spike); persistent: flagged again, or the
+        same bits that the checksums, which hold for any data, denied; transient: other bits, which pass."""
+        if not self.changed:
+            return "reproduced" if self.detected_by != "grad-checksum" else "persistent"
+        return "persistent" if self.again else "transient"
+
+
 class Guard:
     """Injects this rank's corruptions and runs the checks, for a strategy whose replicas are identical over
     `group` (ranks `group_ranks`)."""
@@ -168,8 +187,8 @@ class Guard:
         self.peaks: list[float] = []
         self.bucket_norms: dict[int, list[float]] = {}  # each bucket's own history (buckets checked one by one)
         self.bucket_peaks: dict[int, list[float]] = {}
-        self._flagged: dict[int, tuple[str, int]] = {}  # bucket -> (what flagged it, its digest), this computation
-        self._replaying: dict[int, tuple[str, int]] | None = None  # the first computation's flags, in its replay
+        self._flagged: list[Flagged] = []  # buckets flagged in this computation of the step
+        self._replaying: list[Flagged] | None = None  # the first computation's, in its replay
         self.events: list[dict] = []
         self.check_s = 0.0
         self._left_out = False  # this step's gradient was zeroed as persistently corrupt
@@ -383,7 +402,8 @@ class Guard:
     # again are `persistent`, and the step is skipped.
     def bucket_ready(self, step: int, bucket: int, grads: dict[str, torch.Tensor]) -> bool:
         """Bucket `bucket`'s gradients (by parameter name) are final and about to leave: inject a gradient
-        corruption due in them now (first computation only) and check them. True: poison the bucket."""
+        corruption due in them now (in the step's replay only a sticky one) and check them. True: poison the
+        bucket."""
         replaying = self._replaying is not None
         self._inject(step, "gradient", grads, again=replaying)
         if not self.check:
@@ -399,22 +419,23 @@ class Guard:
             found, norm, peak = self._norm_anomaly(unchecked, norms, peaks)
             bad = "grad-norm" if found else None
         poison = False
+        touched = [flag for flag in self._replaying or [] if flag.pending & grads.keys()]
         if not replaying:
             if bad:
-                self._flagged[bucket] = (bad, checksum(list(grads.values())))
+                digests = {name: checksum([grad]) for name, grad in grads.items()}
+                self._flagged.append(Flagged(bad, digests, set(digests)))
                 poison = True
-        elif bucket in self._replaying:
-            detected_by, first = self._replaying[bucket]
-            if checksum(list(grads.values())) == first and detected_by != "grad-checksum":
-                classification = "reproduced"
-            elif checksum(list(grads.values())) == first:  # no data gives a gradient its checksums deny
-                classification, poison = "persistent", True
-            else:
-                classification = "persistent" if bad else "transient"
-                poison = bool(bad)
-            self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
-                                "detected_by": detected_by, "suspect_rank": self.rank,
-                                "classification": classification})
+        elif touched:
+            reproduced = True  # every flagged gradient here came back bit for bit, flagged by the norm alone
+            for flag in touched:
+                names = flag.pending & grads.keys()
+                flag.changed |= any(checksum([grads[name]]) != flag.digests[name] for name in names)
+                flag.again |= bad is not None
+                flag.pending -= names
+                reproduced &= flag.verdict() == "reproduced"
+                if not flag.pending:
+                    self._judged(step, flag)
+            poison = bad is not None and not reproduced
         elif bad:  # clean in the first computation, corrupt in the replay: the step is dropped
             self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
                                 "detected_by": bad, "suspect_rank": self.rank, "classification": "in the replay"})
@@ -441,12 +462,21 @@ class Guard:
             self.check_s += time.perf_counter() - start
             if finite or attempt == 1:
                 break
-            self._replaying, self._flagged = self._flagged, {}
+            self._replaying, self._flagged = self._flagged, []
             loss = replay()  # recomputing is recovery as much as detection: its time is in the step
         if self._replaying is not None:  # every rank says so: a step computed twice costs them all
+            for flag in self._replaying:
+                if flag.pending:  # gradients the replay did not bring back (none expected): judged on the rest
+                    self._judged(step, flag)
             self.events.append({"event": "sdc_replayed", "rank": self.rank, "step": step, "applied": finite})
-        self._replaying, self._flagged = None, {}
+        self._replaying, self._flagged = None, []
         return finite, loss
+
+    def _judged(self, step: int, flag: Flagged) -> None:
+        flag.pending = set()
+        self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "gradient",
+                            "detected_by": flag.detected_by, "suspect_rank": self.rank,
+                            "classification": flag.verdict()})
 
     # --- parameters -----------------------------------------------------------------------------------------
     def _gather(self) -> list[int]:

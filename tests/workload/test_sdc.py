@@ -295,8 +295,12 @@ def test_gradients_that_leave_during_backward_are_checked_bucket_by_bucket(tmp_p
     """2 DCs x 2 ranks, hier-dp-overlap (several buckets, chunks over 2 lanes; also with int8 and its error
     feedback) and DDP (several buckets, 2 micro-batches under no_sync): gradient flips of bit 30 and bit 24 are
     caught in their bucket as it leaves, at the injected rank and step; every rank drops the poisoned reduction
-    and computes the step again (transient); a parameter flip is caught by the digest. Replicas end identical."""
-    env = {"TESTBED_SDC": json.dumps(THREE_FLIPS), "TESTBED_SDC_CHECK": "1"}
+    and computes the step again (transient); a parameter flip is caught by the digest. A flip at step 0 is judged
+    in a replay whose buckets DDP has laid out anew (it rebuilds them after its first backward). Replicas end
+    identical."""
+    at_start = {"rank": 3, "step": 0, "target": "gradient", "bit": 27, "tensor": "0.tok.weight", "index": 3000,
+                "seed": 0}
+    env = {"TESTBED_SDC": json.dumps([*THREE_FLIPS, at_start]), "TESTBED_SDC_CHECK": "1"}
     base = Options(steps=6, micro_batch=2, micro_batches=2, seed=3)
     overlap = replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2)
     runs = {"overlap": overlap, "int8": replace(overlap, compression="int8"),
@@ -306,9 +310,9 @@ def test_gradients_that_leave_during_backward_are_checked_bucket_by_bucket(tmp_p
         events = sdc_events(tmp_path / name, 4)
         caught = sorted((e["rank"], e["step"], e["target"], e["detected_by"], e["classification"])
                         for e in events if e["event"] == "sdc_detected")
-        assert caught == THREE_CAUGHT, (name, caught)
+        assert caught == sorted([*THREE_CAUGHT, (3, 0, "gradient", "grad-checksum", "transient")]), (name, caught)
         replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
-        assert replayed == sorted((r, s, True) for r in range(4) for s in (3, 4)), (name, replayed)
+        assert replayed == sorted((r, s, True) for r in range(4) for s in (0, 3, 4)), (name, replayed)
         params = [out[name][r]["params"] for r in range(4)]
         assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), name
         assert all(torch.isfinite(t).all() for t in params[0].values()), name
