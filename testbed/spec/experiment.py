@@ -28,7 +28,7 @@ METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scalin
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
 # which restart from a checkpoint: rank 0's (the data-parallel ones: its state is every rank's) or each rank's own
 # (pp's stages; diloco's DCs, written after outer steps), testbed.workload.checkpoint
-RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "ddp", "pp", "diloco")
+RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "ddp", "fsdp", "hsdp", "pp", "diloco")
 # where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs; in pp a
 # stage's ranks; in hsdp the ranks holding the same shard, one per DC)
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",

@@ -4,7 +4,7 @@ previous checkpoint whole); a rank started where one exists loads it and resumes
 step is a pure function of (seed, step, index), so a resumed run trains on what the uninterrupted one would have.
 
 Two kinds (Strategy.checkpoint_per_rank): where every replica holds the whole state identically (flat-dp, hier-dp,
-hier-dp-overlap, ddp) rank 0 writes one file; where ranks hold different state (a pipeline's stages, DiLoCo's DCs
+hier-dp-overlap, ddp) rank 0 writes one file; where ranks hold different state (FSDP2's shards, a pipeline's stages, DiLoCo's DCs
 between outer syncs) every rank writes its own, under the step (`ranks/step<S>/rank<r>.pt`), and a restart takes
 the last step whose files are all there -- the set is complete or not used, as torch.distributed.checkpoint
 commits a checkpoint only once every rank has written. Each rank keeps its last two: ranks are never more than one

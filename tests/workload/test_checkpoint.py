@@ -2,7 +2,7 @@
 again goes on from it and ends with the very parameters of a run that never stopped (samples are a pure function
 of seed, step and index; the optimizer's state travels with the weights). Rank 0 writes the world's checkpoint
 where every replica holds the whole state (ddp here; flat-dp and hier-dp alike); every rank writes its own where
-they differ (a pipeline's stages, DiLoCo's DCs), and a restart takes the last step all of them wrote."""
+they differ (FSDP2's shards, a pipeline's stages, DiLoCo's DCs), and a restart takes the last step all of them wrote."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ CASES = {  # strategy: (options, DCs, ranks per DC, checkpoint every, steps of t
     # gradients came (it rebuilds them after step 0): a resumed DDP's first step sums in gloo's ring chunks laid out
     # otherwise, so its weights match to rounding (1e-5, where two steps of AdamW at lr 3e-3 move them ~6e-3)
     "ddp": (replace(BASE, strategy="ddp"), 2, 1, 2, 4, False),
+    # FSDP2: each rank its own shards (fsdp: half of every parameter on each of the 2 ranks; hsdp on 2 DCs x 1: a
+    # whole replica per DC), and the optimizer's state sharded alike
+    "fsdp": (replace(BASE, strategy="fsdp"), 2, 1, 2, 4, True),
+    "hsdp": (replace(BASE, strategy="hsdp"), 2, 1, 2, 4, True),
     "pp": (replace(BASE, strategy="pp", micro_batches=2), 2, 1, 2, 4, True),
     "diloco": (replace(BASE, strategy="diloco", inner_steps=2), 2, 1, 2, 4, True),
 }

@@ -136,6 +136,34 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return to_local().detach() if to_local is not None else tensor.detach()
 
 
+def _locals(tree):
+    """A state dict with every DTensor as a copy of its local shard (plain tensors, values and containers kept)."""
+    if isinstance(tree, dict):
+        return {key: _locals(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_locals(value) for value in tree)
+    if isinstance(tree, torch.Tensor):
+        return _local(tree).clone()
+    return tree
+
+
+def _shards_like(template, saved):
+    """`saved` (from _locals) with each tensor made a DTensor laid out as the same entry of `template`."""
+    if isinstance(template, dict):
+        missing = template.keys() - saved.keys()
+        if missing:
+            raise ValueError(f"checkpoint: no saved state for {sorted(map(str, missing))[:3]}")
+        return {key: _shards_like(value, saved[key]) for key, value in template.items()}
+    if isinstance(template, list | tuple):
+        return type(template)(_shards_like(t, v) for t, v in zip(template, saved, strict=True))
+    if hasattr(template, "device_mesh"):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(saved.to(template.device), template.device_mesh, template.placements,
+                                  shape=template.shape, stride=template.stride())
+    return saved
+
+
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective over its mesh), a plain tensor as it is."""
     full = getattr(tensor, "full_tensor", None)
@@ -311,6 +339,26 @@ class FSDP(TorchNative):
         super().setup(ctx)
         if self.buckets_checked:
             self._watch_unsharded_gradients()
+
+    checkpoint_per_rank = True  # each rank holds its own shards (hsdp: one per DC of each)
+
+    def checkpoint_state(self) -> dict:
+        """This rank's shards of the parameters and of the optimizer's state, as PyTorch's distributed
+        checkpointing lays them out (get_state_dict: names, not positions), each DTensor as its local tensor: a
+        restart runs on the same mesh, so every rank takes up its own shards again."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        params, optimizer = get_state_dict(self.wrapped, self.optimizer)
+        return {"params": _locals(params), "optimizer": _locals(optimizer)}
+
+    def restore(self, state: dict) -> None:
+        """Take up this rank's shards: each saved local tensor in place of the live DTensor's (the optimizer's
+        state made first by get_state_dict, with a step of zero learning rate), then set_state_dict."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        params, optimizer = get_state_dict(self.wrapped, self.optimizer)
+        set_state_dict(self.wrapped, self.optimizer, model_state_dict=_shards_like(params, state["params"]),
+                       optim_state_dict=_shards_like(optimizer, state["optimizer"]))
 
     def _watch_unsharded_gradients(self) -> None:
         """FSDP2 reduce-scatters each unit's unsharded gradients inside backward: a hook on every unsharded
