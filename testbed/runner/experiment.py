@@ -33,7 +33,8 @@ from testbed.fabric.forkserver import ForkServer
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
-from testbed.runner.faults import FaultDriver
+from testbed.runner.faults import STRAGGLER_PERIOD_S, FaultDriver
+from testbed.runner.follow import Follower
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
 from testbed.runner.restarts import checkpoint_env, restart_figures
@@ -183,8 +184,15 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env)
     launched, clock = time.time(), time.monotonic()
     group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
+    follower = None
+    rank0 = metrics_dir / "rank0.jsonl"
+    if any(fault.kind != "sdc" for fault in faults) and not registry.get(testbed.state.backend).shares_files:
+        # rank 0 writes its step starts on another machine: a copy as it grows, for the driver's step anchors
+        follower = Follower(testbed.fabric, specs[0].node.name, metrics_dir, "rank0.jsonl",
+                            log_dir / "rank0.live.jsonl")
+        rank0 = follower.path
     # the driver signals the ranks running now (a restart starts new ones)
-    driver = FaultDriver(testbed, faults, cell.id, seed, metrics_dir, cell_dir / "faults.json",
+    driver = FaultDriver(testbed, faults, cell.id, seed, rank0, cell_dir / "faults.json",
                          lambda rank, number: group.signal(rank, number))
     deaths: list[dict] = []
     try:
@@ -208,7 +216,11 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         try:
             fault_record = driver.stop()  # every link fault cleared before the next cell, also on failure
         finally:
-            group.close()
+            try:
+                group.close()
+            finally:
+                if follower is not None:
+                    follower.close()
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
     lateness = delay_line_lateness(testbed, late_before, testbed.fabric.delay_line_stats())
@@ -286,14 +298,16 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
 
 
 def refuse_what_the_backend_cannot_run(path: Path, experiment: Experiment, backend: str | Backend) -> None:
-    """Before anything is built, what the experiment asks of the backend beyond its cells: link and rank faults
-    on a schedule need a backend whose rank 0 metrics are read as they are written and whose ranks are
-    signalled here (Backend.schedules_faults); sdc runs everywhere; restarts need every rank to see rank 0's
-    checkpoint (Backend.shares_files)."""
+    """Before anything is built, what the experiment asks of the backend beyond its cells: a straggler needs
+    ranks stopped and continued within milliseconds, as processes of this machine are (Backend.stops_ranks);
+    link faults, kills and sdc run everywhere; restarts need every rank to see rank 0's checkpoint
+    (Backend.shares_files)."""
     chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
-    if any(f.kind != "sdc" for f in experiment.faults) and not chosen.schedules_faults:
-        raise NotSupported(f"{path}: faults: the runner schedules link and rank faults on the netns backend only, "
-                           f"not {chosen.name} (sdc runs everywhere; `testbed fault` applies link faults by hand)")
+    for index, fault in enumerate(experiment.faults):
+        if fault.kind == "straggler" and not chosen.stops_ranks:
+            raise NotSupported(f"{path}: faults[{index}]: a straggler is stopped and continued every "
+                               f"{STRAGGLER_PERIOD_S:g} s, which needs ranks that are processes of this machine "
+                               f"(netns), not on {chosen.name}, where each signal is a command of its own")
     if experiment.restarts and not chosen.shares_files:
         raise NotSupported(f"{path}: restarts: ranks restart from rank 0's checkpoint where every rank shares this "
                            f"machine's files (netns), not on {chosen.name}")

@@ -57,12 +57,14 @@ class FaultDriver:
     """Applies one cell's faults on their schedule in a thread; stop() clears whatever is still in force."""
 
     def __init__(self, testbed: Testbed, faults: list[Fault], cell_id: str, workload_seed: int,
-                 metrics_dir: Path | None, record: Path | None, signal_rank: Signal | None = None,
+                 rank0: Path | None, record: Path | None, signal_rank: Signal | None = None,
                  zero: float | None = None) -> None:
-        """`metrics_dir`: where rank 0 writes its step starts (None: no step anchors, as by hand); `zero`: the
-        clock's zero when it is known now (by hand), else rank 0's start of step 0."""
+        """`rank0`: rank 0's metrics file, with its step starts, as it is written (here, or a live copy:
+        testbed.runner.follow; None: no step anchors, as by hand); `zero`: the clock's zero when it is known now
+        (by hand), else rank 0's start of step 0 (on its node's clock: SSH hosts' clocks must agree, as NTP
+        keeps them; the host check reports each one's offset)."""
         self.testbed, self.faults, self.record = testbed, faults, record
-        self.rank0 = metrics_dir / "rank0.jsonl" if metrics_dir is not None else None
+        self.rank0 = rank0
         self.signal_rank = signal_rank
         self.actions = schedule(faults)
         self.entries: list[dict[str, Any]] = [
@@ -83,6 +85,8 @@ class FaultDriver:
         pandas loaded (measured 2026-11-24) and holds the GIL, so a fault fell due that much late (a clear came
         0.11 s late once in the suite); afterwards 0.1 ms. stop() hands the objects back to the collector."""
         self._write()
+        if any(fault.is_link for fault in self.faults):
+            self.testbed.fabric.prepare_link_faults()  # an SSH or docker exec session: most of a first change
         if self.actions:
             gc.collect()
             gc.freeze()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.fabric.forkserver import ForkedProcess, ForkServer
+from testbed.fabric.forkserver import ForkServer
 from testbed.plan.network import NetworkPlan, Node
 from testbed.spec.topology import Topology
 
@@ -168,20 +168,13 @@ class RankGroup:
             time.sleep(0.1)
 
     def signal(self, rank: int, number: int) -> None:
-        """Send signal `number` to rank `rank`'s whole process group (a fault: SIGKILL, SIGSTOP, SIGCONT); a
-        rank on another machine can only be killed."""
+        """Send signal `number` to rank `rank`'s whole process group (a fault: SIGKILL, SIGSTOP, SIGCONT): here
+        by killpg, in a container or on an SSH host by a command there (PopenLike.send_signal)."""
         proc = self.procs[rank]
         if isinstance(proc, subprocess.Popen):
             os.killpg(proc.pid, number)
-        elif isinstance(proc, ForkedProcess):  # forked here, the leader of its own session, like an exec'd rank
+        else:  # forked here (the leader of its own session, like an exec'd rank), or on another machine
             proc.send_signal(signal.Signals(number).name.removeprefix("SIG"))
-        elif number == signal.SIGKILL:
-            proc.kill()
-        else:
-            from testbed.fabric.errors import NotSupported
-
-            raise NotSupported(f"rank {rank} runs on another machine: only SIGKILL reaches it, not "
-                               f"{signal.Signals(number).name}")
 
     def close(self) -> None:
         for proc in self.procs:

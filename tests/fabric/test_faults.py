@@ -116,7 +116,7 @@ def test_the_driver_acts_on_step_starts_and_the_clock_and_writes_faults_json(fau
     metrics = tmp_path / "metrics"
     metrics.mkdir()
     record = tmp_path / "faults.json"
-    driver = FaultDriver(testbed, faults, "cell", 1, metrics, record,
+    driver = FaultDriver(testbed, faults, "cell", 1, metrics / "rank0.jsonl", record,
                          lambda rank, number: signals.append((rank, number, time.time())))
     driver.start()
     begins: dict[int, float] = {}
@@ -172,7 +172,7 @@ def test_full_garbage_collections_do_not_make_faults_late(faulty, tmp_path):
     assert time.perf_counter() - start > 0.08  # the pause the driver must not suffer (measured, not assumed)
     testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
     faults = [Fault(kind="partition", between=("east", "west"), at="0.2s", duration="0.3s")]
-    driver = FaultDriver(testbed, faults, "cell", 1, tmp_path, tmp_path / "faults.json", None)
+    driver = FaultDriver(testbed, faults, "cell", 1, tmp_path / "rank0.jsonl", tmp_path / "faults.json", None)
     stop = threading.Event()
 
     def collect() -> None:  # a full collection every 5 ms: far more often than the collector's own

@@ -1,7 +1,8 @@
 """One scenario, run against every backend this machine has (Mininet's test_nets: one test, one mixin per
 implementation): bring a two-DC testbed up with `testbed up`, check what `status` says, probe the round trip
 against the configured latency, change the link live, probe again, partition it by hand (`testbed fault`) and
-see the partition applied within 0.25 s and cleared, take it down, and find nothing left.
+see the partition applied within 0.25 s and cleared, take it down, and find nothing left. Where ranks run
+elsewhere (docker, ssh), an experiment's scheduled link faults come on time too.
 
 netns runs wherever the tests have root; docker where an engine answers; ssh where sshd is installed (the hosts are
 sshd in namespaces, and the commands run from a controller node inside their network). CI has all three: there
@@ -175,3 +176,44 @@ def partition(backend: Backend) -> None:
     assert set(inter_dc_loss(backend).values()) == {"0%"}
     for pair in probe(backend).values():
         assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS and pair["ping_loss"] == 0, pair
+
+
+@pytest.fixture(params=["docker", "ssh"])
+def elsewhere(request, prefix, tmp_path) -> Backend:
+    """The backends whose ranks run on other machines (netns: tests/runner/test_faults_run.py)."""
+    return {"docker": docker, "ssh": ssh}[request.param](prefix, tmp_path, request)
+
+
+PARTITION_AT, PARTITION_S, BURST_S = 3, 1.5, 1.0
+
+
+def test_a_runs_scheduled_partition_and_loss_burst_come_on_time_where_ranks_run_elsewhere(elsewhere, tmp_path):
+    """`testbed run` with a faults: timeline where rank 0 writes its step starts in a container or on an SSH host
+    (followed live, testbed.runner.follow): a partition at a step and a loss burst at a time are applied within
+    issue 16's 0.25 s of their schedule and cleared after their duration; the cell finishes; nothing is left."""
+    path = tmp_path / "faults.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "faults-elsewhere", "topology": PAIR, "baseline": "none", "calibrate": "none", "cell_timeout": 120,
+        "workload": {"steps": 40, "warmup_steps": 1, "micro_batch": 2, "micro_batches": 1, "compute": "synthetic",
+                     "compute_ms": 50},
+        "strategies": ["flat-dp"],
+        "faults": [{"kind": "partition", "between": ["east", "west"], "at": f"step {PARTITION_AT}",
+                    "duration": f"{PARTITION_S}s"},
+                   {"kind": "loss-burst", "between": ["east", "west"], "at": "6s", "duration": f"{BURST_S}s",
+                    "loss": "20%"}]}))
+    proc = elsewhere.cli("run", str(path), *elsewhere.up_options, "--out", str(tmp_path / "out"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cell,) = list(next((tmp_path / "out" / "faults-elsewhere").glob("*")).glob("cells/*"))
+    record = json.loads((cell / "faults.json").read_text())
+    assert record["errors"] == [], record
+    partition, burst = record["faults"]
+    for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S)):
+        assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25, (elsewhere.name, entry)
+        assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(seconds, abs=0.25), (elsewhere.name, entry)
+    assert burst["scheduled_at"] == pytest.approx(6.0)
+    live = [json.loads(line) for line in (cell / "logs" / "rank0.live.jsonl").read_text().splitlines()]
+    begun = {e["step"]: e["time"] for e in live if e["event"] == "step_begin"}
+    assert partition["scheduled_at"] == pytest.approx(begun[PARTITION_AT] - begun[0], abs=1e-3)
+    result = json.loads((cell / "result.json").read_text())
+    assert result["status"] == "ok", result["reason"]
+    assert elsewhere.leftovers() == []

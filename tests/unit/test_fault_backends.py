@@ -1,4 +1,5 @@
-"""Which backends the runner schedules an experiment's faults on, refused before anything is built."""
+"""What of an experiment's faults each backend runs, refused before anything is built: every link fault, kill and
+sdc everywhere; a straggler and restarts only where ranks are processes of this machine (netns)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,24 @@ def sdc_only(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("backend", ["docker", "ssh"])
-def test_link_faults_on_a_schedule_are_refused_off_netns_with_one_line(backend):
+@pytest.mark.parametrize("backend", ["netns", "docker", "ssh"])
+def test_the_shipped_timeline_runs_on_every_backend(backend):
     experiment, _ = load_experiment(SHIPPED)
+    refuse_what_the_backend_cannot_run(SHIPPED, experiment, backend)
+
+
+@pytest.mark.parametrize("backend", ["docker", "ssh"])
+def test_a_straggler_is_refused_where_each_signal_is_a_command_of_its_own(backend, tmp_path):
+    data = yaml.safe_load(SHIPPED.read_text())
+    data["faults"] = [{"kind": "straggler", "rank": 1, "at": "step 2", "duration": "2s", "slowdown": 3}]
+    path = tmp_path / "straggler.yaml"
+    path.write_text(yaml.safe_dump(data))
+    experiment, _ = load_experiment(path)
+    refuse_what_the_backend_cannot_run(path, experiment, "netns")
     with pytest.raises(NotSupported) as error:
-        refuse_what_the_backend_cannot_run(SHIPPED, experiment, backend)
+        refuse_what_the_backend_cannot_run(path, experiment, backend)
     message = str(error.value)
-    assert "\\n" not in message and str(SHIPPED) in message and backend in message and "testbed fault" in message
+    assert "\n" not in message and f"{path}: faults[0]: a straggler" in message and backend in message
 
 
 @pytest.mark.parametrize("backend", ["netns", "docker", "ssh"])
@@ -37,11 +49,6 @@ def test_sdc_alone_runs_everywhere(backend, tmp_path):
     path = sdc_only(tmp_path)
     experiment, _ = load_experiment(path)
     refuse_what_the_backend_cannot_run(path, experiment, backend)
-
-
-def test_netns_schedules_every_fault():
-    experiment, _ = load_experiment(SHIPPED)
-    refuse_what_the_backend_cannot_run(SHIPPED, experiment, "netns")
 
 
 def test_docker_and_ssh_fabrics_take_link_faults_by_hand():
