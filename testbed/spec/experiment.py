@@ -36,6 +36,7 @@ SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "stre
 # whose gradients leave bucket by bucket during backward (FSDP2's: parameter by parameter): each is checked as it
 # leaves, and a step cannot be replayed before its collective (so none is sampled for a replay)
 CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp", "fsdp", "hsdp")
+SAMPLED_IN_BUCKETS = ("ddp",)  # a sampled step's gradient computed once more beforehand, without communicating
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -236,9 +237,13 @@ class Experiment(BaseModel):
             if fault.target == "gradient" and spec.options.get("comm_hook") == "powersgd":
                 raise ValueError(f"{field}.target: PowerSGD's error feedback would carry a poisoned bucket into "
                                  f"every later step (strategy {spec.name}; target: parameter can)")
-            if self.sdc_replay and strategy in CHECKED_IN_BUCKETS:
+            if self.sdc_replay and strategy in CHECKED_IN_BUCKETS and strategy not in SAMPLED_IN_BUCKETS:
                 raise ValueError(f"sdc_replay: {strategy}'s gradients leave bucket by bucket during backward, so a "
-                                 f"step cannot be replayed before its collective (strategy {spec.name})")
+                                 f"step cannot be replayed before its collective (strategy {spec.name}; ddp can)")
+            if self.sdc_replay_by == "buddy" and strategy in CHECKED_IN_BUCKETS:
+                raise ValueError(f"sdc_replay_by: {strategy}'s gradients leave bucket by bucket during backward: no "
+                                 f"buddy can compare a rank's gradient before it leaves (strategy {spec.name}; "
+                                 "sdc_replay_by: self can)")
 
     def _check_sweep(self, key: str, values: list[Any]) -> None:
         if not values:

@@ -125,13 +125,16 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
 def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                    replicas: Callable[[], tuple[object, list[int]]], seed: int,
                    model: torch.nn.Module | None, gradients_refused: str | None = None,
-                   in_buckets: bool = False, can_recompute_for_others: bool = False) -> Guard | None:
+                   in_buckets: bool = False, can_recompute_for_others: bool = False,
+                   samples_in_buckets: bool = False) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
     None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
     `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums);
     `gradients_refused`: why this strategy's gradients cannot be checked before their collective (gradient flips
     refused); `in_buckets`: gradients are checked bucket by bucket as they leave during backward (bucket_ready),
-    where no step can be replayed before its collective, so none is sampled for a replay;
+    where no step can be replayed before its collective, so none is sampled for a replay -- unless
+    `samples_in_buckets`: the strategy computes a sampled step's gradient once more beforehand, without
+    communicating (sample_reference), and each bucket is compared with it as it leaves;
     `can_recompute_for_others`: the strategy can compute another replica's gradient (a buddy replay)."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
@@ -140,9 +143,12 @@ def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
         raise ValueError(f"sdc: {gradients_refused}: a gradient corruption cannot be checked before its collective "
                          "(target: parameter can)")
     rate, buddy = replay_rate_from_env(), buddy_from_env()
-    if in_buckets and rate:
+    if in_buckets and rate and not samples_in_buckets:
         raise ValueError("sdc: gradients leave bucket by bucket during backward here: a step cannot be replayed "
                          "before its collective, so none is sampled for one (TESTBED_SDC_REPLAY must be 0)")
+    if in_buckets and buddy:
+        raise ValueError("sdc: gradients leave bucket by bucket during backward here: no buddy can compare a "
+                         "rank's gradient before it leaves (TESTBED_SDC_BUDDY)")
     if buddy and (model is None or not can_recompute_for_others):
         raise ValueError("sdc: a buddy replays another rank's gradient from that rank's samples: not with synthetic "
                          "compute, nor in a pipeline, whose stages' inputs come from other ranks (TESTBED_SDC_BUDDY)")
@@ -189,6 +195,7 @@ class Guard:
         self.bucket_peaks: dict[int, list[float]] = {}
         self._flagged: list[Flagged] = []  # buckets flagged in this computation of the step
         self._replaying: list[Flagged] | None = None  # the first computation's, in its replay
+        self._reference: dict[str, int] | None = None  # a sampled step's gradients computed beforehand: digests
         self.events: list[dict] = []
         self.check_s = 0.0
         self._left_out = False  # this step's gradient was zeroed as persistently corrupt
@@ -400,6 +407,20 @@ class Guard:
     # to agree. A replay that gives the same bits again is the data's own (`reproduced`: not poisoned again),
     # unless the checksums flagged them (`persistent`); other bits that pass are `transient`; other bits flagged
     # again are `persistent`, and the step is skipped.
+    def samples(self, step: int) -> bool:
+        """Whether step `step` is sampled for a replay where gradients leave during backward: its gradient is
+        computed once beforehand, without communicating, and given to sample_reference."""
+        return self.check and self._sampled(step)
+
+    def sample_reference(self, step: int, grads: dict[str, torch.Tensor]) -> None:
+        """The sampled step's gradients (by parameter name) computed beforehand: each bucket of the step's own
+        computation (and of its replay) must match them bit for bit (`replay-sample`), which also sees flips too
+        small for the checksums. A rank's own defect (a sticky flip) comes back here too, as in any replay."""
+        self._inject(step, "gradient", grads, again=True)
+        start = time.perf_counter()
+        self._reference = {name: checksum([grad]) for name, grad in grads.items()}
+        self.check_s += time.perf_counter() - start
+
     def bucket_ready(self, step: int, bucket: int, grads: dict[str, torch.Tensor]) -> bool:
         """Bucket `bucket`'s gradients (by parameter name) are final and about to leave: inject a gradient
         corruption due in them now (in the step's replay only a sticky one) and check them. True: poison the
@@ -418,6 +439,10 @@ class Guard:
         if bad is None and unchecked:
             found, norm, peak = self._norm_anomaly(unchecked, norms, peaks)
             bad = "grad-norm" if found else None
+        if bad is None and self._reference is not None:
+            reference = self._reference
+            if any(checksum([grad]) != reference[name] for name, grad in grads.items() if name in reference):
+                bad = "replay-sample"
         poison = False
         touched = [flag for flag in self._replaying or [] if flag.pending & grads.keys()]
         if not replaying:
@@ -455,6 +480,13 @@ class Guard:
         compute the step again; non-finite again -> all skip it."""
         if not self.check:
             return True, None
+        try:
+            return self._after_sync(step, reduced, replay)
+        finally:
+            self._reference = None
+
+    def _after_sync(self, step: int, reduced: Callable[[], list[torch.Tensor]],
+                    replay: Callable[[], float | None]) -> tuple[bool, float | None]:
         loss = None
         for attempt in range(2):
             start = time.perf_counter()

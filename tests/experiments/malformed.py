@@ -148,6 +148,10 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         text("[flat-dp, {name: p, strategy: pp}]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
                                                         "bit: 30}]\nsdc_replay: 10%\nsdc_replay_by: buddy\n"),
         "sdc_replay_by", "no buddy can recompute them"),
+    "buddy_replay_where_buckets_leave_in_backward": (
+        text("[flat-dp, ddp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"
+                                     "sdc_replay: 10%\nsdc_replay_by: buddy\n"),
+        "sdc_replay_by", "no buddy can compare a rank's gradient"),
     "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),
     "sdc_replay_beyond_every_step": (text("[flat-dp]", extra="sdc_replay: 150%\n"), "sdc_replay",
                                      "between 0% and 100%"),

@@ -61,9 +61,16 @@ class TorchNative(Strategy):
         local = [_local(param) for param in self.model.parameters()]
         refused = self.gradients_refused()
         self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed,
-                                    None if refused else self.model, refused, in_buckets=not refused)
+                                    None if refused else self.model, refused, in_buckets=not refused,
+                                    samples_in_buckets=self.samples_in_buckets)
         self.buckets_checked = self.guard is not None and not refused
         self.step_index = 0
+
+    samples_in_buckets = False  # whether a step sampled for a replay computes its gradient beforehand (local_gradients)
+
+    def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
+        """This rank's own gradient of the step, computed without communicating (by parameter name)."""
+        raise NotImplementedError
 
     def gradients_refused(self) -> str | None:
         """Why no check reaches this strategy's gradients before their collective (None: they are checked as
@@ -87,6 +94,8 @@ class TorchNative(Strategy):
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
         self.step_index = index
+        if self.buckets_checked and self.samples_in_buckets and self.guard.samples(index):
+            self.guard.sample_reference(index, self.local_gradients(micro_batches))  # its time is in the step
         total, apply = self.forward_backward(micro_batches), True
         if self.buckets_checked:
             apply, replayed = self.guard.after_sync(  # a replay sets new gradients (zero_grad to None)
@@ -202,6 +211,17 @@ class DDP(TorchNative):
             self.wrapped.register_comm_hook(None, self._checked_bucket)
         elif self.hook is not None:
             self.wrapped.register_comm_hook(self.hook.state, self.hook.run)
+
+    samples_in_buckets = True
+
+    def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
+        """Every micro-batch's backward under no_sync (DDP's reducer stays idle: nothing is sent)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.guard.gradients_zeroed()
+        with self.wrapped.no_sync():
+            for x, y in micro_batches:
+                (loss_fn(self.wrapped(x), y) / len(micro_batches)).backward()
+        return {name: param.grad for name, param in zip(self.names, self.model.parameters()) if param.grad is not None}
 
     def gradients_refused(self) -> str | None:
         if self.ctx.opts.comm_hook == "powersgd":
