@@ -10,8 +10,8 @@
    one) over all the clean rank-steps.
 2. What is caught, per bit: --flips gradient (and parameter) flips of each bit in --bits, each in a random
    element (seeded) of a random parameter on a random rank at its own step, one run per bit, target and
-   replay share (--replay, gradients only, flat-dp only: where buckets leave during backward no step is replayed
-   unasked; the parameter digest sees every flip), per strategy; the share detected at the
+   replay share (--replay, gradients only; not in hier-dp-overlap, fsdp and hsdp, where gradients leave during
+   backward and no step is sampled; ddp computes a sampled step's gradient beforehand), per strategy; the share detected at the
    injected rank and step; for the flips missed, the largest change they made to their element and the
    tensors they were in.
 
@@ -40,7 +40,7 @@ DCS, RANKS = 2, 2
 BUCKET_MB = 0.25  # several buckets even in the tiny GPT (0.9 MB of gradients): each is checked on its own
 BASE = Options(strategy="flat-dp", preset="tiny", micro_batch=4, micro_batches=1, seed=5, bucket_mb=BUCKET_MB,
                bucket_cap_mb=BUCKET_MB)
-CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp")
+NOT_SAMPLED = ("hier-dp-overlap", "fsdp", "hsdp")  # gradients leave during backward and no step is sampled
 
 
 def records(directory: Path) -> list[dict]:
@@ -146,7 +146,7 @@ def main() -> None:
     bits = [int(b) for b in args.bits.split(",")] if args.bits else []
     targets = args.targets.split(",")
     table = [row for strategy in strategies for share in (float(x) for x in args.replay.split(","))
-             if "gradient" in targets and not (share and strategy in CHECKED_IN_BUCKETS)
+             if "gradient" in targets and not (share and strategy in NOT_SAMPLED)
              for row in caught(bits, args.flips, "gradient", args.seed, share, strategy)]
     if "parameter" in targets:
         table += [row for strategy in strategies for row in caught(bits, args.flips, "parameter", args.seed + 1,
