@@ -10,8 +10,8 @@
    one) over all the clean rank-steps.
 2. What is caught, per bit: --flips gradient (and parameter) flips of each bit in --bits, each in a random
    element (seeded) of a random parameter on a random rank at its own step, one run per bit, target and
-   replay share (--replay, gradients only; not in hier-dp-overlap, fsdp and hsdp, where gradients leave during
-   backward and no step is sampled; ddp computes a sampled step's gradient beforehand), per strategy; the share detected at the
+   replay share (--replay, gradients only; not in fsdp and hsdp, where gradients leave during backward and no
+   step is sampled; ddp and hier-dp-overlap compute a sampled step's gradient beforehand), per strategy; the share detected at the
    injected rank and step; for the flips missed, the largest change they made to their element and the
    tensors they were in.
 
@@ -40,7 +40,7 @@ DCS, RANKS = 2, 2
 BUCKET_MB = 0.25  # several buckets even in the tiny GPT (0.9 MB of gradients): each is checked on its own
 BASE = Options(strategy="flat-dp", preset="tiny", micro_batch=4, micro_batches=1, seed=5, bucket_mb=BUCKET_MB,
                bucket_cap_mb=BUCKET_MB)
-NOT_SAMPLED = ("hier-dp-overlap", "fsdp", "hsdp")  # gradients leave during backward and no step is sampled
+NOT_SAMPLED = ("fsdp", "hsdp")  # gradients leave during backward and no step is sampled
 
 
 def records(directory: Path) -> list[dict]:

@@ -36,7 +36,7 @@ SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "stre
 # whose gradients leave bucket by bucket during backward (FSDP2's: parameter by parameter): each is checked as it
 # leaves, and a step cannot be replayed before its collective (so none is sampled for a replay)
 CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp", "fsdp", "hsdp")
-SAMPLED_IN_BUCKETS = ("ddp",)  # a sampled step's gradient computed once more beforehand, without communicating
+SAMPLED_IN_BUCKETS = ("hier-dp-overlap", "ddp")  # a sampled step's gradient computed once more beforehand, without communicating
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -239,7 +239,7 @@ class Experiment(BaseModel):
                                  f"every later step (strategy {spec.name}; target: parameter can)")
             if self.sdc_replay and strategy in CHECKED_IN_BUCKETS and strategy not in SAMPLED_IN_BUCKETS:
                 raise ValueError(f"sdc_replay: {strategy}'s gradients leave bucket by bucket during backward, so a "
-                                 f"step cannot be replayed before its collective (strategy {spec.name}; ddp can)")
+                                 f"step cannot be replayed before its collective (strategy {spec.name}; ddp and hier-dp-overlap can)")
             if self.sdc_replay_by == "buddy" and strategy in CHECKED_IN_BUCKETS:
                 raise ValueError(f"sdc_replay_by: {strategy}'s gradients leave bucket by bucket during backward: no "
                                  f"buddy can compare a rank's gradient before it leaves (strategy {spec.name}; "

@@ -130,8 +130,8 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
              extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
         "faults[0].target", "PowerSGD's error feedback"),
     "sdc_replay_where_buckets_leave_in_backward": (
-        text("[flat-dp, hier-dp-overlap]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
-                                                 "bit: 30}]\nsdc_replay: 10%\n"),
+        text("[flat-dp, hsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
+                                      "bit: 30}]\nsdc_replay: 10%\n"),
         "sdc_replay", "cannot be replayed before its collective"),
     "restarts_where_a_sync_may_be_in_flight": (
         text("[flat-dp, {name: d, strategy: async-diloco}]", extra="restarts: 2\n"), "restarts", "not async-diloco"),

@@ -402,23 +402,27 @@ def test_a_buddy_replay_sees_a_defect_that_the_ranks_own_replay_repeats(tmp_path
     assert any(not torch.equal(out["self"][0]["params"][k], out["buddy"][0]["params"][k]) for k in out["self"][0]["params"])
 
 
-def test_ddp_samples_steps_by_computing_their_gradient_beforehand_without_communicating(tmp_path):
-    """2 DCs x 2 ranks, DDP in small buckets, 2 micro-batches, every step sampled (TESTBED_SDC_REPLAY=1): each
-    rank computes the step's gradient once under no_sync, then each bucket leaving in the step itself must match
-    it bit for bit. A flip of mantissa bit 10 (far below what the checksums see) on rank 1 at step 2 is caught
-    there (`replay-sample`), every rank computes step 2 again (transient); no other step raises anything, so
-    DDP's buckets hold exactly the gradient a pass without communication computes."""
+def test_bucket_strategies_sample_steps_by_computing_their_gradient_beforehand_without_communicating(tmp_path):
+    """2 DCs x 2 ranks, DDP and hier-dp-overlap (int8, with its error feedback) in small buckets, 2 micro-batches,
+    every step sampled (TESTBED_SDC_REPLAY=1): each rank computes the step's gradient once with no bucket leaving
+    (DDP: no_sync), then each bucket leaving in the step itself must match it bit for bit. A flip of mantissa bit 10
+    (far below what the checksums see) on rank 1 at step 2 is caught there (`replay-sample`), every rank computes
+    step 2 again (transient); no other step raises anything, so the buckets hold exactly the gradient a pass
+    without communication computes."""
     flip = {"rank": 1, "step": 2, "target": "gradient", "bit": 10, "tensor": "2.mlp.0.weight", "index": 7, "seed": 0}
     env = {"TESTBED_SDC": json.dumps([flip]), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": "1"}
-    options = Options(steps=5, micro_batch=2, micro_batches=2, seed=3, strategy="ddp", bucket_cap_mb=0.05)
-    out = run(tmp_path, 2, 2, {"ddp": options}, env=env)
-    events = sdc_events(tmp_path / "ddp", 4)
-    injected = [(e["rank"], e["step"], e["bit"]) for e in events if e["event"] == "sdc_injected"]
-    assert injected == [(1, 2, 10)]
-    caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
-              for e in events if e["event"] == "sdc_detected"]
-    assert caught == [(1, 2, "replay-sample", "transient")], caught
-    replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
-    assert replayed == [(r, 2, True) for r in range(4)], replayed
-    params = [out["ddp"][r]["params"] for r in range(4)]
-    assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0])
+    base = Options(steps=5, micro_batch=2, micro_batches=2, seed=3)
+    runs = {"ddp": replace(base, strategy="ddp", bucket_cap_mb=0.05),
+            "int8": replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2, compression="int8")}
+    out = run(tmp_path, 2, 2, runs, env=env)
+    for name in runs:
+        events = sdc_events(tmp_path / name, 4)
+        injected = [(e["rank"], e["step"], e["bit"]) for e in events if e["event"] == "sdc_injected"]
+        assert injected == [(1, 2, 10)], name
+        caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
+                  for e in events if e["event"] == "sdc_detected"]
+        assert caught == [(1, 2, "replay-sample", "transient")], (name, caught)
+        replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
+        assert replayed == [(r, 2, True) for r in range(4)], (name, replayed)
+        params = [out[name][r]["params"] for r in range(4)]
+        assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), name

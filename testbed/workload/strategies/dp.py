@@ -65,8 +65,10 @@ class DataParallel(Strategy):
         self.name_of = {id(param): name for name, param in zip(self.names, self.params)}
         self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas, ctx.opts.seed,
                                     self.model if ctx.synthetic_s is None else None,
-                                    in_buckets=not self.checks_gradients_before_sync, can_recompute_for_others=True)
+                                    in_buckets=not self.checks_gradients_before_sync, can_recompute_for_others=True,
+                                    samples_in_buckets=True)
         self.step_index = 0
+        self._quiet = False  # computing a sampled step's gradient beforehand: no bucket leaves
 
     checks_gradients_before_sync = True  # whether every gradient is final before the collective starts (else each
     # bucket is checked as it leaves: bucket_checked)
@@ -111,6 +113,15 @@ class DataParallel(Strategy):
         opts = self.ctx.opts
         return data.micro_batches(self.sample_ranges_of(rank), index, self.ctx.cfg.seq_len, opts.seed,
                                   opts.micro_batch, self.ctx.device)
+
+    def local_gradients(self, index: int, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
+        """This rank's own gradient of the step (copies, by parameter name), computed with no bucket leaving."""
+        self._quiet = True
+        try:
+            self.compute(index, micro_batches)
+        finally:
+            self._quiet = False
+        return {name: param.grad.detach().clone() for name, param in zip(self.names, self.params)}
 
     def before_micro_batch(self, last: bool) -> None:
         """Hook for strategies that start communication during the last backward."""
@@ -173,6 +184,8 @@ class DataParallel(Strategy):
         self.step_index = index
         in_buckets = self.guard is not None and not self.checks_gradients_before_sync
         kept = self.codec.snapshot() if in_buckets else {}  # error feedback, as before the step: for a replay
+        if in_buckets and self.guard.samples(index):
+            self.guard.sample_reference(index, self.local_gradients(index, micro_batches))  # its time is in the step
         loss = self.checked_gradients(index, micro_batches, self.compute(index, micro_batches))
         self.timed_sync()
         apply = True
@@ -263,7 +276,7 @@ class HierDPOverlap(DataParallel):
                                   opts.micro_batch, self.ctx.device)
 
     def before_micro_batch(self, last: bool) -> None:
-        self._armed = last
+        self._armed = last and not self._quiet
         self._pending = [len(bucket) for bucket in self.buckets]
 
     def _grad_ready(self, param: torch.nn.Parameter) -> None:
@@ -285,8 +298,9 @@ class HierDPOverlap(DataParallel):
         for b, bucket in enumerate(self.buckets):
             deadline += total * BACKWARD_SHARE * sum(p.numel() for p in bucket) / numel
             sleep_until(deadline)
-            self.bucket_checked(b, bucket)
-            self._queue.put(b)
+            if not self._quiet:
+                self.bucket_checked(b, bucket)
+                self._queue.put(b)
 
     # communication threads ---------------------------------------------------------------------------
     def _launch_loop(self) -> None:
