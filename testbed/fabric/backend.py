@@ -40,6 +40,9 @@ class Backend(ABC):
     stops_ranks: ClassVar[bool] = False
     # every rank reads and writes this machine's file system (a restart's ranks find rank 0's checkpoint)
     shares_files: ClassVar[bool] = False
+    # every node is emulated on this machine: its ranks share its GPUs, and their traffic must take the emulated
+    # links (testbed.runner.ranks.rank_layout); real hosts (ssh) are not
+    emulated: ClassVar[bool] = True
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options if options is not None else self.Options()

@@ -42,7 +42,8 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
     metrics.mkdir(parents=True)
     probe = probe_links(testbed, "rtt")
     before = inter_dc_counters(testbed)
-    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics)
+    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics,
+                        emulated=registry.get(testbed.state.backend).emulated)
     group = RankGroup(testbed.fabric, specs, argv, logs, forks)
     try:
         outcome = group.watch(timeout)

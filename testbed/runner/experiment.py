@@ -181,7 +181,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     late_before = testbed.fabric.delay_line_stats()
     env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
            **checkpoint_env(cell_dir, restarts, checkpoint_every)}
-    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env)
+    emulated = registry.get(testbed.state.backend).emulated
+    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
     launched, clock = time.time(), time.monotonic()
     group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
     follower = None
@@ -209,7 +210,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
                 break
             deaths.append({"failed_rank": outcome.failed_rank, "reason": outcome.reason, "died_at": time.time()})
             group.close()
-            specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env)
+            specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
             group = RankGroup(testbed.fabric, specs, argv, log_dir / f"restart{len(deaths)}", forks)
         outcome.seconds = time.monotonic() - clock
     finally:

@@ -70,10 +70,20 @@ class Outcome:
     died: bool = False  # a rank exited non-zero (rather than a timeout or a health problem)
 
 
+# NCCL between GPUs of one machine would use NVLink, PCIe or shared memory: under the emulated links, not through
+EMULATED_NCCL = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
+                 "NCCL_SOCKET_IFNAME": "eth0"}
+
+
 def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metrics_dir: Path,
-                extra_env: dict[str, str] | None = None, master_port: int | None = None) -> list[RankSpec]:
+                extra_env: dict[str, str] | None = None, master_port: int | None = None,
+                emulated: bool = True) -> list[RankSpec]:
     """Ranks numbered DC by DC, node by node. DCs may differ in size: TESTBED_DC_SIZES lists the ranks of
-    every DC; TESTBED_NODES_PER_DC is set too when they are all the same."""
+    every DC; TESTBED_NODES_PER_DC is set too when they are all the same. `emulated` (Backend.emulated): every
+    node runs on this machine, so every rank shares its GPUs (TESTBED_GPU_SHARERS, TESTBED_GPU_SLOT: NCCL only
+    when each rank has one of its own) and NCCL must take the emulated links like gloo: no peer-to-peer or
+    shared-memory transport between GPUs of one machine, sockets on eth0 (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE,
+    NCCL_SOCKET_IFNAME). On real hosts (ssh) a host's ranks share its GPUs and may use them."""
     sizes = [dc.nodes * ranks_per_node for dc in topology.dcs]
     sized = {"TESTBED_DC_SIZES": ",".join(map(str, sizes))}
     if len(set(sizes)) == 1:
@@ -93,6 +103,9 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
                 "TESTBED_NUM_DCS": str(len(topology.dcs)), **sized, "TESTBED_NODE": node.name, "TESTBED_METRICS_DIR": str(metrics_dir),
                 "TESTBED_LINK_RTT_MS": f"{max(rtts, default=0.0) * 1e3:.3f}",
                 "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                "TESTBED_GPU_SHARERS": str(world if emulated else ranks_per_node),
+                "TESTBED_GPU_SLOT": str(rank if emulated else local),
+                **(EMULATED_NCCL if emulated else {}),
                 **(extra_env or {}),
             }
             specs.append(RankSpec(rank, node, local, env))

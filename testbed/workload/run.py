@@ -16,7 +16,7 @@ from testbed.workload import data
 from testbed.workload.checkpoint import checkpointing_from_env
 from testbed.workload.comm import Comm
 from testbed.workload.compute import synthetic_seconds
-from testbed.workload.groups import backend, build_groups
+from testbed.workload.groups import backend, build_groups, gpu_slot
 from testbed.workload.layout import layout_from_env
 from testbed.workload.metrics import Meter, MetricsWriter
 from testbed.workload.model import GPT, PRESETS, count_parameters
@@ -53,7 +53,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     cfg = model_config(opts)
     device = torch.device("cpu")
     if backend() == "nccl":
-        device = torch.device("cuda", layout.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", gpu_slot(layout.local_rank))
         torch.cuda.set_device(device)
     if opts.inject_delay_ms and device.type == "cuda":
         raise ValueError("--inject-delay-ms is for gloo on loopback; on GPUs shape the links instead")

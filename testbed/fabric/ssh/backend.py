@@ -65,6 +65,7 @@ class SshBackend(Backend):
     name: ClassVar[str] = "ssh"
     summary: ClassVar[str] = "inventory hosts"
     shared_clock: ClassVar[bool] = False  # each host its own clock
+    emulated: ClassVar[bool] = False  # real hosts: a host's ranks share its GPUs, and may use NVLink between them
     Options = SshOptions
     State = SshState
     options: SshOptions
