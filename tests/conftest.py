@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -57,15 +58,41 @@ def prefix(state_dir: Path, monkeypatch: pytest.MonkeyPatch):
     tear_down(value)
 
 
+OWNER_LABEL = "testbed.owner-pid"
+
+
+def _remove_orphaned_test_images() -> None:
+    """Test images whose pytest is gone (killed before its teardown) are removed: the next CI check on this
+    machine would count them as this suite's leak. Images of a pytest still running are left alone."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        for image in client.images.list(filters={"label": ["testbed=image", OWNER_LABEL]}):
+            pid = image.labels.get(OWNER_LABEL, "")
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                client.images.remove(image.id, force=True)
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="session")
 def docker_image():
     """An image built from this tree by scripts/build-image (its base is cached by a hash of its inputs and kept;
-    this image is removed after the session)."""
+    this image is removed after the session, or by the next session if this one is killed first)."""
+    _remove_orphaned_test_images()
     tag = f"testbed:test-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.run([str(ROOT / "scripts" / "build-image"), tag], capture_output=True, text=True, timeout=1200)
+    env = {**os.environ, "TESTBED_IMAGE_LABELS": f"{OWNER_LABEL}={os.getpid()}"}
+    proc = subprocess.run([str(ROOT / "scripts" / "build-image"), tag], capture_output=True, text=True, timeout=1200,
+                          env=env)
     assert proc.returncode == 0, f"scripts/build-image failed:\n{proc.stderr[-3000:]}"
     yield tag
-    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+    for _ in range(5):  # a container still being removed holds the image for a moment
+        rmi = subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, text=True, timeout=120)
+        if rmi.returncode == 0 or "No such image" in rmi.stderr:
+            return
+        time.sleep(2)
+    raise AssertionError(f"docker rmi -f {tag} failed: {rmi.stderr.strip()}")
 
 
 def run_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
