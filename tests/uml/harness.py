@@ -9,6 +9,9 @@ modules (nothing is written under the host's /lib/modules), loads the modules as
 distribution kernels have it from boot), runs the command and powers off. Its output and exit status come
 back through files in a host directory under /var/tmp, which is removed afterwards.
 
+On a CPU with AMX, Debian's UML 6.1 cannot set its processes' extended register state back and dies at init;
+there it is started under tests/uml/fxsave.py (FXSAVE state only, glibc's AVX functions off inside).
+
 UML has one CPU and its timing is looser than the host's; use it to prove that a kernel path works and is
 restored, and keep the host's benchmarks as the fidelity reference.
 
@@ -29,6 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.uml import fxsave
 
 KERNEL = Path("/usr/bin/linux.uml")
 MODULES = Path("/usr/lib/uml/modules")
@@ -90,10 +95,15 @@ mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mkdir -p /dev/shm /dev/pts && mount -t tmpfs tmpfs /dev/shm && mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+cat > /run/uml-env <<'ENV'
+{guest_env}
+ENV
+. /run/uml-env
 mkdir -p /run/netns /run/uml-modules/lib/modules
 ln -s {modules} /run/uml-modules/lib/modules/{version}
 cat > /run/uml-modprobe <<'MODPROBE'
 #!/bin/sh
+. /run/uml-env  # the kernel starts this with an environment of its own
 for arg in "$@"; do
   for denied in {deny}; do [ "$arg" = "$denied" ] && exit 1; done
 done
@@ -136,13 +146,17 @@ def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
         variables[INSIDE_ENV] = "1"
         envfile.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items()))
         output.write_text("")
-        init.write_text(INIT.format(modules=shlex.quote(str(MODULES / version)), version=version,
+        # every process inside, the kernel's module loader included: a CPU with AMX keeps only the FXSAVE state
+        guest = fxsave.GUEST_ENV if fxsave.needed() else {}
+        init.write_text(INIT.format(guest_env="".join(f"export {k}={shlex.quote(v)}\n" for k, v in guest.items()),
+                                    modules=shlex.quote(str(MODULES / version)), version=version,
                                     load=" ".join(shlex.quote(m) for m in modules),
                                     deny=" ".join(shlex.quote(m) for m in deny) or "''", output=shlex.quote(str(output)),
                                     envfile=shlex.quote(str(envfile)), cwd=shlex.quote(str(cwd or os.getcwd())),
                                     command=shlex.join(argv), rcfile=shlex.quote(str(rcfile))))
         init.chmod(0o755)
-        kernel_argv = [str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
+        launcher = [sys.executable, str(Path(fxsave.__file__))] if fxsave.needed() else []
+        kernel_argv = [*launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
                        f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
                        f"umid=tb-uml-{os.getpid()}", f"uml_dir={work}"]
         start = time.monotonic()
