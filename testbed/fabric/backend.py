@@ -35,9 +35,6 @@ class Backend(ABC):
     State: ClassVar[type[BackendState]] = BackendState  # its record in the state file
     forks_ranks: ClassVar[bool] = False  # its fabric's fork_server() gives one (the fork launcher works here)
     shared_clock: ClassVar[bool] = True  # every node reads one clock (timestamps of different nodes compare)
-    # ranks are processes of this machine, stopped and continued within milliseconds (a straggler's duty cycle);
-    # elsewhere each signal is a command of its own (docker exec, an SSH session)
-    stops_ranks: ClassVar[bool] = False
     # every rank reads and writes this machine's file system (a restart's ranks find rank 0's checkpoint)
     shares_files: ClassVar[bool] = False
     # every node is emulated on this machine: its ranks share its GPUs, and their traffic must take the emulated

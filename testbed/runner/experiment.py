@@ -33,7 +33,7 @@ from testbed.fabric.forkserver import ForkServer
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
-from testbed.runner.faults import STRAGGLER_PERIOD_S, FaultDriver
+from testbed.runner.faults import FaultDriver
 from testbed.runner.follow import Follower
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
@@ -194,7 +194,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         rank0 = follower.path
     # the driver signals the ranks running now (a restart starts new ones)
     driver = FaultDriver(testbed, faults, cell.id, seed, rank0, cell_dir / "faults.json",
-                         lambda rank, number: group.signal(rank, number))
+                         lambda rank, number: group.signal(rank, number),
+                         lambda rank, slowdown, seconds: group.straggle(rank, slowdown, seconds))
     deaths: list[dict] = []
     try:
         driver.start()
@@ -299,16 +300,9 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
 
 
 def refuse_what_the_backend_cannot_run(path: Path, experiment: Experiment, backend: str | Backend) -> None:
-    """Before anything is built, what the experiment asks of the backend beyond its cells: a straggler needs
-    ranks stopped and continued within milliseconds, as processes of this machine are (Backend.stops_ranks);
-    link faults, kills and sdc run everywhere; restarts need every rank to see rank 0's checkpoint
-    (Backend.shares_files)."""
+    """Before anything is built, what the experiment asks of the backend beyond its cells: every fault runs
+    everywhere; restarts need every rank to see rank 0's checkpoint (Backend.shares_files)."""
     chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
-    for index, fault in enumerate(experiment.faults):
-        if fault.kind == "straggler" and not chosen.stops_ranks:
-            raise NotSupported(f"{path}: faults[{index}]: a straggler is stopped and continued every "
-                               f"{STRAGGLER_PERIOD_S:g} s, which needs ranks that are processes of this machine "
-                               f"(netns), not on {chosen.name}, where each signal is a command of its own")
     if experiment.restarts and not chosen.shares_files:
         raise NotSupported(f"{path}: restarts: ranks restart from rank 0's checkpoint where every rank shares this "
                            f"machine's files (netns), not on {chosen.name}")

@@ -1,7 +1,7 @@
 """Faults on a schedule, while a cell runs: link faults through the fabric (Testbed.apply_fault / clear_fault,
-recorded in the state file before each change), rank faults by signal (kill: SIGKILL; straggler: the rank's
-process group stopped and continued so that it runs 1/slowdown of the time), and `cells/<id>/faults.json`
-rewritten as each happens.
+recorded in the state file before each change), rank faults through the cell's ranks (kill: SIGKILL; straggler:
+the rank stopped and continued by a loop on its node so that it runs 1/slowdown of the time:
+testbed.runner.straggler), and `cells/<id>/faults.json` rewritten as each happens.
 
 The schedule is testbed.plan.faults' (pure); this module only watches the clock and rank 0's step starts
 (`step_begin` lines in its metrics) and acts. Times in faults.json are seconds on the cell's clock, whose zero is
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from testbed.atomic import write_text
 from testbed.fabric.lifecycle import Testbed
@@ -24,9 +24,15 @@ from testbed.plan.faults import FaultAction, due, fault_seed, impaired, link_key
 from testbed.spec.faults import Fault
 
 POLL_S = 0.01  # how often the driver looks at the clock and rank 0's metrics
-STRAGGLER_PERIOD_S = 0.1  # a straggler is stopped for (1 - 1/slowdown) of every such period
 
 Signal = Callable[[int, int], None]  # (rank, signal number)
+
+
+class Slowing(Protocol):
+    def stop(self) -> bool: ...  # whether the rank was continued as the straggler ended
+
+
+Slow = Callable[[int, float, float], Slowing]  # (rank, slowdown, seconds): a straggler running until stop()
 
 
 def step_starts(path: Path, offset: int, seen: dict[int, float]) -> int:
@@ -58,14 +64,14 @@ class FaultDriver:
 
     def __init__(self, testbed: Testbed, faults: list[Fault], cell_id: str, workload_seed: int,
                  rank0: Path | None, record: Path | None, signal_rank: Signal | None = None,
-                 zero: float | None = None) -> None:
+                 slow_rank: Slow | None = None, zero: float | None = None) -> None:
         """`rank0`: rank 0's metrics file, with its step starts, as it is written (here, or a live copy:
         testbed.runner.follow; None: no step anchors, as by hand); `zero`: the clock's zero when it is known now
         (by hand), else rank 0's start of step 0 (on its node's clock: SSH hosts' clocks must agree, as NTP
         keeps them; the host check reports each one's offset)."""
         self.testbed, self.faults, self.record = testbed, faults, record
         self.rank0 = rank0
-        self.signal_rank = signal_rank
+        self.signal_rank, self.slow_rank = signal_rank, slow_rank
         self.actions = schedule(faults)
         self.entries: list[dict[str, Any]] = [
             {"index": i, "kind": f.kind, "target": f.target_name(), "at": str(f.at),
@@ -74,7 +80,7 @@ class FaultDriver:
         self.zero: float | None = zero
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._stragglers: list[threading.Thread] = []
+        self._stragglers: dict[int, tuple[int, Slowing]] = {}  # fault index -> (rank, its loop)
         self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
         self._frozen = False  # whether start() froze the heap (gc.freeze) for stop() to hand back
 
@@ -98,8 +104,8 @@ class FaultDriver:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        for thread in self._stragglers:
-            thread.join(timeout=5)
+        for index in list(self._stragglers):
+            self._end_straggler(index)
         for action in self.actions:
             window = self._window(action)
             if action.action == "clear" and window.get("applied_at") is not None and window.get("cleared_at") is None:
@@ -184,42 +190,39 @@ class FaultDriver:
                                      {key: impaired(plan.link_end(key).shaping.params, fault)
                                       for key in link_keys(fault)})
         elif fault.kind == "kill":
-            self._signal(fault, signal.SIGKILL)
+            assert fault.rank is not None
+            self._signal_rank(fault.rank, signal.SIGKILL)
         elif fault.kind == "straggler":
-            assert fault.duration is not None and fault.slowdown is not None
-            thread = threading.Thread(target=self._straggle, args=(fault, time.time() + fault.duration),
-                                      name=f"straggler{action.fault}", daemon=True)
-            self._stragglers.append(thread)
-            thread.start()
+            assert fault.rank is not None and fault.duration is not None and fault.slowdown is not None
+            if self.slow_rank is None:
+                raise RuntimeError("this run cannot slow its ranks")
+            self._stragglers[action.fault] = (fault.rank, self.slow_rank(fault.rank, fault.slowdown, fault.duration))
 
     def _clear(self, action: FaultAction, fault: Fault) -> None:
         if fault.is_link:
             self.testbed.clear_fault(fault_id(action.fault, action.window))
-        # a straggler's own thread ends with its duration (or stop()); it marks nothing more
+        elif fault.kind == "straggler":
+            self._end_straggler(action.fault)
 
-    def _signal(self, fault: Fault, number: int) -> None:
+    def _end_straggler(self, index: int) -> None:
+        """Its loop ends (it continues the rank as it goes; one killed first could not: the rank is continued)."""
+        if index not in self._stragglers:
+            return
+        rank, straggler = self._stragglers.pop(index)
+        continued = False
+        try:
+            continued = straggler.stop()
+        finally:
+            if not continued:
+                try:
+                    self._signal_rank(rank, signal.SIGCONT)
+                except Exception:
+                    pass  # the rank is gone
+
+    def _signal_rank(self, rank: int, number: int) -> None:
         if self.signal_rank is None:
             raise RuntimeError("this run cannot signal its ranks")
-        assert fault.rank is not None
-        self.signal_rank(fault.rank, number)
-
-    def _straggle(self, fault: Fault, until: float) -> None:
-        """Stop and continue the rank so that it runs 1/slowdown of each period, until `until` or stop()."""
-        assert fault.slowdown is not None
-        running = STRAGGLER_PERIOD_S / fault.slowdown
-        try:
-            while not self._stop.is_set() and time.time() < until:
-                self._signal(fault, signal.SIGSTOP)
-                self._stop.wait(min(STRAGGLER_PERIOD_S - running, max(0.0, until - time.time())))
-                self._signal(fault, signal.SIGCONT)
-                self._stop.wait(running)
-        except Exception as error:
-            self.errors.append(f"straggler rank {fault.rank}: {error}")
-        finally:
-            try:
-                self._signal(fault, signal.SIGCONT)
-            except Exception:
-                pass
+        self.signal_rank(rank, number)
 
     def _write(self) -> None:
         if self.record is not None:

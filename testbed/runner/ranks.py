@@ -20,6 +20,7 @@ from pathlib import Path
 
 from testbed.fabric.forkserver import ForkServer
 from testbed.plan.network import NetworkPlan, Node
+from testbed.runner.straggler import Straggler
 from testbed.spec.topology import Topology
 
 LOG_TAIL = 12
@@ -124,7 +125,7 @@ class RankGroup:
     def __init__(self, fabric, specs: list[RankSpec], argv: list[str], log_dir: Path,
                  forks: ForkServer | None = None) -> None:
         """Start every rank: forked by `forks` when argv runs a FORKABLE module, else exec'd by `fabric`."""
-        self.specs = specs
+        self.fabric, self.specs = fabric, specs
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list = []
@@ -161,8 +162,9 @@ class RankGroup:
             codes = [proc.poll() for proc in self.procs]
             dead = [(died_order(proc), spec, code) for spec, proc, code in zip(self.specs, self.procs, codes)
                     if code not in (None, 0)]
-            if dead:  # the first to die (where known), else the lowest rank: the others often died of it
-                _, spec, code = min(dead, key=lambda item: (item[0], item[1].rank))
+            if dead:  # the first to die (where known; else one ended by a signal, as a killed rank is, before one that
+                # exited with an error, as its peers do when its connections reset), then the lowest rank
+                _, spec, code = min(dead, key=lambda item: (item[0], item[2] > 0, item[1].rank))
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
                                self.tail(spec.rank), time.monotonic() - start, died=True)
@@ -188,6 +190,10 @@ class RankGroup:
             os.killpg(proc.pid, number)
         else:  # forked here (the leader of its own session, like an exec'd rank), or on another machine
             proc.send_signal(signal.Signals(number).name.removeprefix("SIG"))
+
+    def straggle(self, rank: int, slowdown: float, duration_s: float) -> Straggler:
+        """Slow rank `rank` `slowdown` times for `duration_s`: stopped and continued by a loop on its node."""
+        return Straggler(self.fabric, self.specs[rank].node.name, self.procs[rank].pid, slowdown, duration_s)
 
     def close(self) -> None:
         for proc in self.procs:

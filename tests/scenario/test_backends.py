@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import threading
 import time
@@ -185,35 +186,51 @@ def elsewhere(request, prefix, tmp_path) -> Backend:
 
 
 PARTITION_AT, PARTITION_S, BURST_S = 3, 1.5, 1.0
+STRAGGLER_AT, STRAGGLER_S, SLOWDOWN, KILL_AT = 8.0, 1.5, 4, 12.0
 
 
-def test_a_runs_scheduled_partition_and_loss_burst_come_on_time_where_ranks_run_elsewhere(elsewhere, tmp_path):
+def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewhere, tmp_path):
     """`testbed run` with a faults: timeline where rank 0 writes its step starts in a container or on an SSH host
     (followed live, testbed.runner.follow): a partition at a step and a loss burst at a time are applied within
-    issue 16's 0.25 s of their schedule and cleared after their duration; the cell finishes; nothing is left."""
+    issue 16's 0.25 s of their schedule and cleared after their duration; a straggler (rank 1 stopped and
+    continued by a loop in its container or on its host) slows the steps of its window; a kill (SIGKILL to rank
+    1's process group there) ends the cell, which names the timeline; nothing is left."""
     path = tmp_path / "faults.yaml"
     path.write_text(yaml.safe_dump({
         "name": "faults-elsewhere", "topology": PAIR, "baseline": "none", "calibrate": "none", "cell_timeout": 120,
-        "workload": {"steps": 40, "warmup_steps": 1, "micro_batch": 2, "micro_batches": 1, "compute": "synthetic",
+        "workload": {"steps": 400, "warmup_steps": 1, "micro_batch": 2, "micro_batches": 1, "compute": "synthetic",
                      "compute_ms": 50},
         "strategies": ["flat-dp"],
         "faults": [{"kind": "partition", "between": ["east", "west"], "at": f"step {PARTITION_AT}",
                     "duration": f"{PARTITION_S}s"},
                    {"kind": "loss-burst", "between": ["east", "west"], "at": "6s", "duration": f"{BURST_S}s",
-                    "loss": "20%"}]}))
+                    "loss": "20%"},
+                   {"kind": "straggler", "rank": 1, "at": f"{STRAGGLER_AT}s", "duration": f"{STRAGGLER_S}s",
+                    "slowdown": SLOWDOWN},
+                   {"kind": "kill", "rank": 1, "at": f"{KILL_AT}s"}]}))
     proc = elsewhere.cli("run", str(path), *elsewhere.up_options, "--out", str(tmp_path / "out"), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the kill fails the cell
     (cell,) = list(next((tmp_path / "out" / "faults-elsewhere").glob("*")).glob("cells/*"))
     record = json.loads((cell / "faults.json").read_text())
     assert record["errors"] == [], record
-    partition, burst = record["faults"]
-    for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S)):
+    partition, burst, straggler, kill = record["faults"]
+    assert kill["scheduled_at"] == pytest.approx(KILL_AT) and 0 <= kill["applied_at"] - KILL_AT < 0.25, kill
+    for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S), (straggler, STRAGGLER_S)):
         assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25, (elsewhere.name, entry)
         assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(seconds, abs=0.25), (elsewhere.name, entry)
-    assert burst["scheduled_at"] == pytest.approx(6.0)
+    assert burst["scheduled_at"] == pytest.approx(6.0) and straggler["scheduled_at"] == pytest.approx(STRAGGLER_AT)
     live = [json.loads(line) for line in (cell / "logs" / "rank0.live.jsonl").read_text().splitlines()]
     begun = {e["step"]: e["time"] for e in live if e["event"] == "step_begin"}
     assert partition["scheduled_at"] == pytest.approx(begun[PARTITION_AT] - begun[0], abs=1e-3)
+    # rank 0 waits for rank 1 in every all-reduce: its steps begun inside the straggler's window are slower than
+    # those begun after it (none was slowed if the loop never ran)
+    walls = {e["step"]: e["wall_s"] for e in live if e["event"] == "step"}
+    at = {step: when - begun[0] for step, when in begun.items()}
+    inside = [walls[s] for s in walls if straggler["applied_at"] + 0.1 <= at[s] <= straggler["cleared_at"] - 0.3]
+    after = [walls[s] for s in walls if at[s] >= straggler["cleared_at"] + 0.5]
+    assert len(inside) >= 3 and len(after) >= 5, (inside, after)
+    assert statistics.median(inside) >= 1.5 * statistics.median(after), (elsewhere.name, inside, after)
     result = json.loads((cell / "result.json").read_text())
-    assert result["status"] == "ok", result["reason"]
+    assert result["status"] == "failed" and result["failed_rank"] == 1, result
+    assert "signal 9" in result["reason"] and "killed by the faults: timeline" in result["reason"], result["reason"]
     assert elsewhere.leftovers() == []

@@ -28,7 +28,6 @@ class NetnsBackend(Backend):
     summary: ClassVar[str] = "namespaces on this machine"
     State = NetnsState
     forks_ranks: ClassVar[bool] = True
-    stops_ranks: ClassVar[bool] = True
     shares_files: ClassVar[bool] = True
 
     def plan(self, topology: Topology, shaper: str, prefix: str,

@@ -1,0 +1,65 @@
+"""A straggler: a rank stopped and continued so that it runs 1/slowdown of every period, by a shell loop on the
+rank's own node (this machine's namespace, a container, an SSH host), so each signal costs a `kill` builtin
+there, not a command sent from here (a docker exec or an SSH round trip is tens of milliseconds, a period's
+share). The loop continues the rank when it ends, and when it is terminated."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+PERIOD_S = 0.1  # a straggler is stopped for (1 - 1/slowdown) of every such period
+
+# sh (dash, busybox, bash): $1 the rank's pid (the leader of its process group), $2 seconds stopped, $3 seconds
+# running, $4 periods; a signal to the group, else (not a leader) to the pid alone
+DUTY_CYCLE = r"""
+pid=$1 stopped=$2 running=$3 periods=$4
+sig() { kill -s "$1" -- "-$pid" 2>/dev/null || kill -s "$1" "$pid" 2>/dev/null; }
+trap 'sig CONT; exit 0' TERM INT HUP
+echo started
+i=0
+while [ "$i" -lt "$periods" ]; do
+  sig STOP || exit 0
+  sleep "$stopped"
+  sig CONT
+  sleep "$running"
+  i=$((i + 1))
+done
+sig CONT
+"""
+
+
+def duty_cycle(slowdown: float, duration_s: float, period_s: float = PERIOD_S) -> tuple[float, float, int]:
+    """(seconds stopped, seconds running, periods) of each period for a rank `slowdown` times slower."""
+    running = period_s / slowdown
+    return period_s - running, running, max(1, round(duration_s / period_s))
+
+
+class Straggler:
+    """The loop slowing `pid` on `node` for `duration_s`; stop() ends it early (the rank continued)."""
+
+    def __init__(self, fabric: Any, node: str, pid: int, slowdown: float, duration_s: float) -> None:
+        stopped, running, periods = duty_cycle(slowdown, duration_s)
+        self._proc = fabric.popen(node, ["sh", "-c", DUTY_CYCLE, "straggler", str(pid), f"{stopped:.4f}",
+                                         f"{running:.4f}", str(periods)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        # started: the loop's first stop follows within a fork; a node that cannot run it says so now
+        if self._proc.stdout.readline().strip() not in (b"started", "started"):
+            self._proc.wait(timeout=10)
+            raise RuntimeError(f"{node}: the straggler's loop did not start (exit {self._proc.returncode})")
+
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """End the loop now (it continues the rank as it goes); whether it did (False: it had to be killed, or
+        died otherwise, and the rank may still be stopped)."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=timeout)
+                return False
+        return self._proc.returncode == 0

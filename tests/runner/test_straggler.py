@@ -1,0 +1,66 @@
+"""A straggler's loop on its rank's node (root, netns): a busy process slowed 4 times for 1 s gets about a quarter of
+the CPU it gets unslowed, is continued when the loop ends or is stopped early, and the loop leaves nothing.
+(docker and ssh: tests/scenario/test_backends.py runs one in a cell.) The testbed goes with the prefix fixture."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from testbed.fabric import lifecycle
+from testbed.runner.straggler import Straggler, duty_cycle
+from testbed.spec.topology import topology_from_data
+from testbed.waiting import wait_for
+
+pytestmark = pytest.mark.root
+
+BUSY = "while True: pass"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def state(pid: int) -> str:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
+def busy_share(pid: int, seconds: float) -> float:
+    before, start = cpu_s(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_s(pid) - before) / (time.monotonic() - start)
+
+
+def test_duty_cycle_splits_each_period():
+    assert duty_cycle(4, 1.0) == pytest.approx((0.075, 0.025, 10))
+    assert duty_cycle(2, 0.01)[2] == 1  # at least one period
+
+
+def test_a_straggler_gets_its_share_of_the_cpu_and_is_continued(prefix):
+    testbed = lifecycle.bring_up(topology_from_data({"name": "one", "dcs": [{"name": "east", "nodes": 1}]}),
+                                 prefix=prefix)
+    node = testbed.plan.nodes[0].name
+    proc = testbed.fabric.popen(node, [sys.executable, "-c", BUSY], start_new_session=True)
+    try:
+        free = busy_share(proc.pid, 0.5)
+        loop = Straggler(testbed.fabric, node, proc.pid, 4, 1.0)
+        slowed = busy_share(proc.pid, 0.9)
+        loop._proc.wait(timeout=5)  # it ends by itself after its 10 periods
+        assert loop.stop() and state(proc.pid) != "T"
+        # a quarter of what it gets unslowed, give or take the loop's forks and this machine's other load
+        assert 0.12 <= slowed / free <= 0.40, (free, slowed)
+
+        early = Straggler(testbed.fabric, node, proc.pid, 10, 30.0)
+        assert wait_for(lambda: state(proc.pid) == "T", 2.0)  # stopped now: stop() must continue it
+        began = time.monotonic()
+        assert early.stop() and time.monotonic() - began < 1.0  # ended at once
+        assert state(proc.pid) != "T" and busy_share(proc.pid, 0.3) > 0.5 * free
+        assert loop._proc.poll() is not None and early._proc.poll() is not None  # no loop left running
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
