@@ -47,6 +47,7 @@ class Result:
     returncode: int
     output: str
     seconds: float
+    fp_regs_refused: bool = False  # the kernel died setting its processes' register state back (fxsave.py)
 
 
 class UmlUnavailable(RuntimeError):
@@ -127,16 +128,32 @@ poweroff -f
 """
 
 
+_fxsave: bool | None = None  # learnt from a boot: whether this CPU needs tests/uml/fxsave.py
+
+
 def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None, timeout: float = 600,
         mem: str = "2G", modules: tuple[str, ...] = DEFAULT_MODULES, deny: tuple[str, ...] = (),
         stream=None) -> Result:
     """Boot UML, run `argv` in `cwd` with `env` (added to a few of this process's variables) and return its
     exit status and output. `modules` are loaded first; the kernel's loader refuses the names in `deny` (a
     kernel without that feature). `stream`: a text file that gets the output as it comes. Raises
-    UmlUnavailable."""
+    UmlUnavailable. Under tests/uml/fxsave.py where the CPU has AMX, or where a first boot died setting its
+    processes' register state back (another CPU whose XSAVE area is too large for UML 6.1)."""
+    global _fxsave
     why = unavailable_reason()
     if why:
         raise UmlUnavailable(why)
+    options = {"cwd": cwd, "env": env, "timeout": timeout, "mem": mem, "modules": modules, "deny": deny,
+               "stream": stream}
+    result = _boot(argv, fx=fxsave.needed() if _fxsave is None else _fxsave, **options)
+    if result.fp_regs_refused:
+        _fxsave = True
+        result = _boot(argv, fx=True, **options)
+    return result
+
+
+def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None, timeout: float, mem: str,
+          modules: tuple[str, ...], deny: tuple[str, ...], stream, fx: bool) -> Result:
     version = kernel_version()
     work = Path(tempfile.mkdtemp(prefix="tb-uml-", dir="/var/tmp"))
     output, rcfile, envfile, init = work / "output", work / "rc", work / "env", work / "init"
@@ -147,7 +164,7 @@ def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
         envfile.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items()))
         output.write_text("")
         # every process inside, the kernel's module loader included: a CPU with AMX keeps only the FXSAVE state
-        guest = fxsave.GUEST_ENV if fxsave.needed() else {}
+        guest = fxsave.GUEST_ENV if fx else {}
         init.write_text(INIT.format(guest_env="".join(f"export {k}={shlex.quote(v)}\n" for k, v in guest.items()),
                                     modules=shlex.quote(str(MODULES / version)), version=version,
                                     load=" ".join(shlex.quote(m) for m in modules),
@@ -155,7 +172,7 @@ def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
                                     envfile=shlex.quote(str(envfile)), cwd=shlex.quote(str(cwd or os.getcwd())),
                                     command=shlex.join(argv), rcfile=shlex.quote(str(rcfile))))
         init.chmod(0o755)
-        launcher = [sys.executable, str(Path(fxsave.__file__))] if fxsave.needed() else []
+        launcher = [sys.executable, str(Path(fxsave.__file__))] if fx else []
         kernel_argv = [*launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
                        f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
                        f"umid=tb-uml-{os.getpid()}", f"uml_dir={work}"]
@@ -187,9 +204,11 @@ def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
         except (OSError, ValueError):
             reason = (f"timed out after {timeout:.0f}s" if seconds > timeout
                       else f"user-mode Linux ended without the command's exit status (kernel exit {proc.returncode})")
-            tail = (work / "console").read_text(errors="replace").strip().splitlines()[-15:]
-            text += f"\numl: {reason}; console:\n" + "\n".join(tail)
+            console = (work / "console").read_text(errors="replace")
+            text += f"\numl: {reason}; console:\n" + "\n".join(console.strip().splitlines()[-15:])
             code = 124 if seconds > timeout else 125
+            if not fx and "ptrace set fp regs failed" in console:
+                return Result(code, text, seconds, fp_regs_refused=True)
         return Result(code, text, seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
