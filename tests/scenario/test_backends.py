@@ -186,7 +186,10 @@ def elsewhere(request, prefix, tmp_path) -> Backend:
 
 
 PARTITION_AT, PARTITION_S, BURST_S = 3, 1.5, 1.0
-STRAGGLER_AT, STRAGGLER_S, SLOWDOWN, KILL_AT = 8.0, 1.5, 4, 12.0
+STRAGGLER_AT, STRAGGLER_S, SLOWDOWN, KILL_AT = 8.0, 2.0, 4, 13.0
+# a straggler's loop and a kill each start a command on the rank's node (a docker exec, an SSH channel): 0.08-0.16 s
+# here (2026-11-25), not issue 16's bound for link faults (those go through shells opened ahead)
+RANK_FAULT_BOUND_S = 0.5
 
 
 def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewhere, tmp_path):
@@ -214,9 +217,10 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     record = json.loads((cell / "faults.json").read_text())
     assert record["errors"] == [], record
     partition, burst, straggler, kill = record["faults"]
-    assert kill["scheduled_at"] == pytest.approx(KILL_AT) and 0 <= kill["applied_at"] - KILL_AT < 0.25, kill
-    for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S), (straggler, STRAGGLER_S)):
-        assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25, (elsewhere.name, entry)
+    assert kill["scheduled_at"] == pytest.approx(KILL_AT) and 0 <= kill["applied_at"] - KILL_AT < RANK_FAULT_BOUND_S
+    for entry, seconds, bound in ((partition, PARTITION_S, 0.25), (burst, BURST_S, 0.25),
+                                  (straggler, STRAGGLER_S, RANK_FAULT_BOUND_S)):
+        assert 0 <= entry["applied_at"] - entry["scheduled_at"] < bound, (elsewhere.name, entry)
         assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(seconds, abs=0.25), (elsewhere.name, entry)
     assert burst["scheduled_at"] == pytest.approx(6.0) and straggler["scheduled_at"] == pytest.approx(STRAGGLER_AT)
     live = [json.loads(line) for line in (cell / "logs" / "rank0.live.jsonl").read_text().splitlines()]
