@@ -32,7 +32,7 @@ class Slowing(Protocol):
     def stop(self) -> bool: ...  # whether the rank was continued as the straggler ended
 
 
-Slow = Callable[[int, float, float], Slowing]  # (rank, slowdown, seconds): a straggler running until stop()
+Slow = Callable[[int, float, float], Slowing]  # (rank, slowdown, until: epoch seconds): a straggler's loop
 
 
 def step_starts(path: Path, offset: int, seen: dict[int, float]) -> int:
@@ -170,7 +170,7 @@ class FaultDriver:
             try:
                 if action.action == "apply":
                     window["scheduled_at"] = self._cell_time(when)
-                    self._apply(action, fault)
+                    self._apply(action, fault, when)
                     window["applied_at"] = self._cell_time(time.time())
                 else:
                     window["clear_scheduled_at"] = self._cell_time(when)
@@ -183,7 +183,7 @@ class FaultDriver:
                 self.errors.append(f"{fault.kind} {fault.target_name()} ({action.action}): {error}")
             self._write()
 
-    def _apply(self, action: FaultAction, fault: Fault) -> None:
+    def _apply(self, action: FaultAction, fault: Fault, when: float) -> None:
         if fault.is_link:
             plan = self.testbed.plan
             self.testbed.apply_fault(fault_id(action.fault, action.window),
@@ -196,7 +196,9 @@ class FaultDriver:
             assert fault.rank is not None and fault.duration is not None and fault.slowdown is not None
             if self.slow_rank is None:
                 raise RuntimeError("this run cannot slow its ranks")
-            self._stragglers[action.fault] = (fault.rank, self.slow_rank(fault.rank, fault.slowdown, fault.duration))
+            # its loop ends by itself when the window is due to clear (from when it was due, not when it started)
+            self._stragglers[action.fault] = (fault.rank, self.slow_rank(fault.rank, fault.slowdown,
+                                                                         when + fault.duration))
 
     def _clear(self, action: FaultAction, fault: Fault) -> None:
         if fault.is_link:

@@ -191,9 +191,10 @@ class RankGroup:
         else:  # forked here (the leader of its own session, like an exec'd rank), or on another machine
             proc.send_signal(signal.Signals(number).name.removeprefix("SIG"))
 
-    def straggle(self, rank: int, slowdown: float, duration_s: float) -> Straggler:
-        """Slow rank `rank` `slowdown` times for `duration_s`: stopped and continued by a loop on its node."""
-        return Straggler(self.fabric, self.specs[rank].node.name, self.procs[rank].pid, slowdown, duration_s)
+    def straggle(self, rank: int, slowdown: float, until: float) -> Straggler:
+        """Slow rank `rank` `slowdown` times until `until` (seconds since the epoch): stopped and continued by a
+        loop on its node."""
+        return Straggler(self.fabric, self.specs[rank].node.name, self.procs[rank].pid, slowdown, until)
 
     def close(self) -> None:
         for proc in self.procs:

@@ -121,8 +121,8 @@ def test_the_driver_acts_on_step_starts_and_the_clock_and_writes_faults_json(fau
             stopped.append(time.time())
             return True
 
-    def slow(rank: int, slowdown: float, seconds: float) -> Loop:
-        slowed.append((rank, slowdown, seconds, time.time()))
+    def slow(rank: int, slowdown: float, until: float) -> Loop:
+        slowed.append((rank, slowdown, until, time.time()))
         return Loop()
 
     metrics = tmp_path / "metrics"
@@ -162,8 +162,10 @@ def test_the_driver_acts_on_step_starts_and_the_clock_and_writes_faults_json(fau
     assert 0 <= kills[0][2] - begins[3] < 0.1
     # the straggler: its loop started at step 1 and stopped at its end (a loop that continued the rank itself:
     # no SIGCONT from here)
-    (rank, slowdown, seconds, began), = slowed
-    assert (rank, slowdown, seconds) == (0, 2, 0.35) and 0 <= began - begins[1] < 0.1
+    (rank, slowdown, until, began), = slowed
+    # its loop is to end when the window is due to clear: 0.35 s after step 1 began, however late it started
+    assert (rank, slowdown) == (0, 2) and until == pytest.approx(begins[1] + 0.35, abs=1e-3)
+    assert 0 <= began - begins[1] < 0.1
     assert len(stopped) == 1 and stopped[0] - began == pytest.approx(0.35, abs=0.1)
     assert [s for s in signals if s[0] == 0] == []
     straggler = by_kind["straggler"]

@@ -187,7 +187,7 @@ def elsewhere(request, prefix, tmp_path) -> Backend:
 
 PARTITION_AT, PARTITION_S, BURST_S = 3, 1.5, 1.0
 STRAGGLER_AT, STRAGGLER_S, SLOWDOWN, KILL_AT = 8.0, 2.0, 4, 13.0
-# a straggler's loop and a kill each start a command on the rank's node (a docker exec, an SSH channel): 0.08-0.16 s
+# a straggler's loop and a kill each start a command on the rank's node (a docker exec, an SSH channel): 0.08-0.37 s
 # here (2026-11-25), not issue 16's bound for link faults (those go through shells opened ahead)
 RANK_FAULT_BOUND_S = 0.5
 
@@ -218,10 +218,12 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     assert record["errors"] == [], record
     partition, burst, straggler, kill = record["faults"]
     assert kill["scheduled_at"] == pytest.approx(KILL_AT) and 0 <= kill["applied_at"] - KILL_AT < RANK_FAULT_BOUND_S
-    for entry, seconds, bound in ((partition, PARTITION_S, 0.25), (burst, BURST_S, 0.25),
-                                  (straggler, STRAGGLER_S, RANK_FAULT_BOUND_S)):
-        assert 0 <= entry["applied_at"] - entry["scheduled_at"] < bound, (elsewhere.name, entry)
+    for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S)):
+        assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25, (elsewhere.name, entry)
         assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(seconds, abs=0.25), (elsewhere.name, entry)
+    # the straggler's loop ends by itself when its window is due to clear, however late it started
+    assert 0 <= straggler["applied_at"] - STRAGGLER_AT < RANK_FAULT_BOUND_S, (elsewhere.name, straggler)
+    assert 0 <= straggler["cleared_at"] - (STRAGGLER_AT + STRAGGLER_S) < 0.25, (elsewhere.name, straggler)
     assert burst["scheduled_at"] == pytest.approx(6.0) and straggler["scheduled_at"] == pytest.approx(STRAGGLER_AT)
     live = [json.loads(line) for line in (cell / "logs" / "rank0.live.jsonl").read_text().splitlines()]
     begun = {e["step"]: e["time"] for e in live if e["event"] == "step_begin"}
