@@ -66,11 +66,13 @@ def _remove_orphaned_test_images() -> None:
     machine would count them as this suite's leak. Images of a pytest still running are left alone."""
     import docker
 
+    from testbed.waiting import alive
+
     client = docker.from_env()
     try:
         for image in client.images.list(filters={"label": ["testbed=image", OWNER_LABEL]}):
             pid = image.labels.get(OWNER_LABEL, "")
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            if pid.isdigit() and not alive(int(pid)):
                 client.images.remove(image.id, force=True)
     finally:
         client.close()

@@ -46,12 +46,9 @@ class Straggler:
                                          f"{running:.4f}", str(int(PERIOD_S * 1e9)), str(int(until * 1e9))],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         # started: the loop's first stop follows within a fork; a node that cannot run it says so now
-        if self._proc.stdout.readline().strip() not in (b"started", "started"):
+        if self._proc.stdout.readline().strip() != b"started":
             self._proc.wait(timeout=10)
             raise RuntimeError(f"{node}: the straggler's loop did not start (exit {self._proc.returncode})")
-
-    def running(self) -> bool:
-        return self._proc.poll() is None
 
     def stop(self, timeout: float = 5.0) -> bool:
         """End the loop (it continues the rank as it goes): at its end it has ended by itself, or does within a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +22,18 @@ BUSY = "while True: pass"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name: state first."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = stat(pid)
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
 def state(pid: int) -> str:
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    return stat(pid)[0]
 
 
 def busy_share(pid: int, seconds: float) -> float:

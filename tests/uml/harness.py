@@ -161,11 +161,11 @@ def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None
         variables = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
         variables.update(env or {})
         variables[INSIDE_ENV] = "1"
-        envfile.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items()))
+        envfile.write_text(_exports(variables))
         output.write_text("")
         # every process inside, the kernel's module loader included: a CPU with AMX keeps only the FXSAVE state
         guest = fxsave.GUEST_ENV if fx else {}
-        init.write_text(INIT.format(guest_env="".join(f"export {k}={shlex.quote(v)}\n" for k, v in guest.items()),
+        init.write_text(INIT.format(guest_env=_exports(guest),
                                     modules=shlex.quote(str(MODULES / version)), version=version,
                                     load=" ".join(shlex.quote(m) for m in modules),
                                     deny=" ".join(shlex.quote(m) for m in deny) or "''", output=shlex.quote(str(output)),
@@ -212,6 +212,11 @@ def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None
         return Result(code, text, seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _exports(variables: dict[str, str]) -> str:
+    """sh lines that export `variables`."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in variables.items())
 
 
 def _show(path: Path, offset: int, stream) -> int:
