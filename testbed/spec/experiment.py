@@ -227,10 +227,6 @@ class Experiment(BaseModel):
         """Silent data corruption is injected and checked where replicas are identical (testbed.workload.sdc)."""
         for spec in self.strategies:
             strategy = spec.workload_strategy
-            if strategy == "fsdp" and fault.target == "parameter":
-                raise ValueError(f"{field}.target: fsdp shards every parameter over all ranks, so no replica holds a "
-                                 f"shard twice to compare with (strategy {spec.name}; hsdp keeps one per DC; "
-                                 "target: gradient can)")
             if strategy not in SDC_STRATEGIES:
                 raise ValueError(f"{field}.kind: sdc is injected and checked in {', '.join(SDC_STRATEGIES)} only, "
                                  f"not {strategy} (strategy {spec.name})")

@@ -23,7 +23,10 @@ Detection (TESTBED_SDC_CHECK=1), every step:
 - parameters, which replicas must hold bit for bit: a digest of every parameter's bytes (CRC-32, so any
   flipped bit changes it) gathered from every rank; the ranks that differ from the
   majority are named, every rank takes the parameters of a rank of the majority (the last good state), and the
-  checksums are compared again: transient when they agree, persistent when not.
+  checksums are compared again: transient when they agree, persistent when not. Where no majority can name a
+  rank (a rank alone: fsdp's shards, a pipeline stage or a DiLoCo DC of one rank; two replicas, which tie), each
+  rank also seals its parameters as the optimizer leaves them (their digest and a copy) and checks the seal
+  before their next use: a broken seal is named at its rank, undone from the copy and checked again (Seal).
 Events go to the rank's metrics as `sdc_injected` / `sdc_detected` lines."""
 
 from __future__ import annotations
@@ -511,30 +514,76 @@ class Guard:
                             "classification": flag.verdict()})
 
     # --- parameters -----------------------------------------------------------------------------------------
-    def _gather(self) -> list[int]:
-        mine = torch.tensor([checksum(self.params)], dtype=torch.int64)
+    def _gather(self, mine: int) -> list[int]:
         values = [torch.zeros(1, dtype=torch.int64) for _ in self.group_ranks]
-        dist.all_gather(values, mine, group=self.group)
+        dist.all_gather(values, torch.tensor([mine], dtype=torch.int64), group=self.group)
         return [int(v) for v in values]
 
     def after_update(self, step: int) -> None:
-        """Inject a parameter corruption due now; compare every replica's checksum, restore from the majority."""
+        """Inject a parameter corruption due now and check the parameters: a rank with fewer than two others
+        holding the same parameters checks its own seal first; then every replica's checksum is compared (where
+        there are replicas) and the odd ones are restored from the majority."""
+        start = time.perf_counter()
+        seal = Seal.of(self.params) if self.check and len(self.group_ranks) < 3 else None
+        self.check_s += time.perf_counter() - start
         self._inject(step, "parameter")
-        if not self.check or len(self.group_ranks) < 2:  # a rank alone (fsdp's shards) has no replica to compare
+        if not self.check:
             return
         start = time.perf_counter()
-        odd, good = odd_ones(self._gather())
-        if odd:
-            classification = "unresolved (no majority)"
-            if good is not None:
-                with torch.no_grad():
-                    for param in self.params:
-                        dist.broadcast(param.data, self.group_ranks[good], group=self.group)
-                self._inject(step, "parameter", again=True)  # a cell that keeps flipping flips the restored value
-                classification = "transient" if not odd_ones(self._gather())[0] else "persistent"
-            if self.rank == self.group_ranks[0]:  # one record per detection, written by the group's first rank
-                for position in odd:
-                    self.events.append({"event": "sdc_detected", "rank": self.group_ranks[position], "step": step,
-                                        "target": "parameter", "detected_by": "param-checksum",
-                                        "suspect_rank": self.group_ranks[position], "classification": classification})
+        mine = checksum(self.params)
+        if seal is not None and mine != seal.digest:
+            mine = self._broken_seal(step, seal)
+        if len(self.group_ranks) >= 2:
+            self._compare_replicas(step, mine)
         self.check_s += time.perf_counter() - start
+
+    def _broken_seal(self, step: int, seal: Seal) -> int:
+        """This rank's parameters changed after the update sealed them: name it, put the sealed values back, and
+        judge by the seal again (a cell that keeps flipping flips the restored value); the checksum now."""
+        seal.restore(self.params)
+        self._inject(step, "parameter", again=True)
+        now = checksum(self.params)
+        self.events.append({"event": "sdc_detected", "rank": self.rank, "step": step, "target": "parameter",
+                            "detected_by": "param-seal", "suspect_rank": self.rank,
+                            "classification": "transient" if now == seal.digest else "persistent"})
+        return now
+
+    def _compare_replicas(self, step: int, mine: int) -> None:
+        odd, good = odd_ones(self._gather(mine))
+        if not odd:
+            return
+        classification = "unresolved (no majority)"
+        if good is not None:
+            with torch.no_grad():
+                for param in self.params:
+                    dist.broadcast(param.data, self.group_ranks[good], group=self.group)
+            self._inject(step, "parameter", again=True)  # a cell that keeps flipping flips the restored value
+            classification = "transient" if not odd_ones(self._gather(checksum(self.params)))[0] else "persistent"
+        if self.rank == self.group_ranks[0]:  # one record per detection, written by the group's first rank
+            for position in odd:
+                self.events.append({"event": "sdc_detected", "rank": self.group_ranks[position], "step": step,
+                                    "target": "parameter", "detected_by": "param-checksum",
+                                    "suspect_rank": self.group_ranks[position], "classification": classification})
+
+
+@dataclass
+class Seal:
+    """A rank's parameters as the optimizer left them: their checksum and a copy. Where no majority of replicas
+    can name the rank that differs (a rank alone: fsdp's shards, a pipeline stage or a DiLoCo DC of one rank; or
+    two replicas, which tie), each rank seals its own after the update and checks the seal before their next use:
+    a flip in between (in the memory that holds them, which is what `target: parameter` injects) is caught at its
+    rank and undone from the copy. A wrong update itself breaks no seal: only replicas, where there are any,
+    catch that."""
+
+    digest: int
+    copy: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, params: list[torch.Tensor]) -> Seal:
+        with torch.no_grad():
+            return cls(checksum(params), [param.detach().clone() for param in params])
+
+    def restore(self, params: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for param, kept in zip(params, self.copy, strict=True):
+                param.copy_(kept)

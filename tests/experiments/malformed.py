@@ -122,9 +122,6 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "sdc_at_a_time": (text("[flat-dp]", extra="faults: [{kind: sdc, rank: 1, at: 2s, target: parameter, "
                                               "bit: 30}]\n"),
                       "faults[0].at", "injected at a step"),
-    "parameter_sdc_in_a_strategy_without_replicas": (
-        text("[flat-dp, fsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: parameter, bit: 30}]\n"),
-        "faults[0].target", "no replica holds a shard twice"),
     "gradient_sdc_under_powersgd": (
         text("[flat-dp, {name: psgd, strategy: ddp, options: {comm_hook: powersgd}}]",
              extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),

@@ -188,6 +188,25 @@ def test_a_bucket_found_corrupt_is_poisoned_and_every_rank_computes_the_step_aga
     assert torch.isfinite(ranks.reduced).all() and ranks.computations[-1] == 4
 
 
+@pytest.mark.parametrize(("sticky", "classification"), [(False, "transient"), (True, "persistent")])
+def test_a_rank_alone_catches_a_parameter_flip_by_its_seal_and_undoes_it(sticky, classification):
+    """No replica (a group of one rank): the parameters sealed as the update left them; a flip of bit 23 (a factor
+    of 2 in one element, which no norm would notice) breaks the seal, is named at the rank and step and put back
+    from the copy; a flip that comes back (sticky) stays and is persistent. Clean steps raise nothing."""
+    param = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 100))
+    before = param.detach().clone()
+    flip = Injection(rank=0, step=2, target="parameter", bit=23, tensor="w", index=17, sticky=sticky)
+    guard = Guard(0, ["w"], [param], None, [0], [flip], check=True)
+    for step in range(4):
+        guard.after_update(step)
+    events, seconds = guard.take()
+    caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
+              for e in events if e["event"] == "sdc_detected"]
+    assert caught == [(0, 2, "param-seal", classification)]
+    assert torch.equal(param.detach(), before) != sticky
+    assert seconds > 0
+
+
 def test_clean_steps_raise_nothing():
     guard, param = _guard(1e-3, [])
     gen = torch.Generator().manual_seed(0)
@@ -320,26 +339,34 @@ def test_gradients_that_leave_during_backward_are_checked_bucket_by_bucket(tmp_p
         assert all(0 < loss < 10 for loss in losses), (name, losses)
 
 
-def test_fsdp2s_gradients_are_checked_before_its_reduce_scatter(tmp_path):
+def test_fsdp2s_gradients_are_checked_before_its_reduce_scatter_and_its_shards_by_their_seal(tmp_path):
     """2 DCs x 2 ranks, 2 micro-batches: in hsdp and fsdp each unsharded gradient is checked when the last
     micro-batch has accumulated it, before FSDP2 reduce-scatters it; a flip of bit 28 on rank 3 at step 2 is caught
     there, filled with NaN so that every rank's shard comes back non-finite, and every rank computes the step
-    again. Replicas (hsdp: the ranks holding the same shard) end identical and finite."""
-    injections = [{"rank": 3, "step": 2, "target": "gradient", "bit": 28, "tensor": "3.mlp.2.weight", "index": 5,
-                   "seed": 0}]
-    env = {"TESTBED_SDC": json.dumps(injections), "TESTBED_SDC_CHECK": "1"}
+    again. A flip of bit 25 in rank 1's parameter shard at step 1, which no majority can name (fsdp: no replica;
+    hsdp: two, one per DC), breaks rank 1's seal and is undone from its copy. Replicas (hsdp: the ranks holding the
+    same shard) end identical and finite, and each run ends bit for bit as a run without the parameter flip."""
+    gradient = {"rank": 3, "step": 2, "target": "gradient", "bit": 28, "tensor": "3.mlp.2.weight", "index": 5,
+                "seed": 0}
+    parameter = {"rank": 1, "step": 1, "target": "parameter", "bit": 25, "tensor": "2.attn.weight", "index": 3,
+                 "seed": 0}
+    env = {"TESTBED_SDC": json.dumps([gradient, parameter]), "TESTBED_SDC_CHECK": "1"}
     base = Options(steps=4, micro_batch=2, micro_batches=2, seed=3)
     out = run(tmp_path, 2, 2, {name: replace(base, strategy=name) for name in ("hsdp", "fsdp")}, env=env)
     for strategy in ("hsdp", "fsdp"):
         events = sdc_events(tmp_path / strategy, 4)
-        caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
-                  for e in events if e["event"] == "sdc_detected"]
-        assert caught == [(3, 2, "grad-checksum", "transient")], (strategy, caught)
+        caught = sorted((e["rank"], e["step"], e["detected_by"], e["classification"])
+                        for e in events if e["event"] == "sdc_detected")
+        assert caught == [(1, 1, "param-seal", "transient"), (3, 2, "grad-checksum", "transient")], (strategy, caught)
         replayed = sorted((e["rank"], e["step"], e["applied"]) for e in events if e["event"] == "sdc_replayed")
         assert replayed == [(r, 2, True) for r in range(4)], (strategy, replayed)
         params = [out[strategy][r]["params"] for r in range(4)]
         assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), strategy
         assert all(torch.isfinite(t).all() for t in params[0].values()), strategy
+    clean = run(tmp_path / "clean", 2, 2, {"fsdp": replace(base, strategy="fsdp")},
+                env={"TESTBED_SDC": json.dumps([gradient]), "TESTBED_SDC_CHECK": "1"})
+    assert all(torch.equal(clean["fsdp"][0]["params"][key], out["fsdp"][0]["params"][key])
+               for key in clean["fsdp"][0]["params"])
 
 
 def test_a_defect_of_the_ranks_own_that_a_replay_repeats_is_persistent_and_kept_out(tmp_path):

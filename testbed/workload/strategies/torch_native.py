@@ -23,7 +23,8 @@ gradient was final (DDP waits for its buckets at the end of backward). FSDP2's c
 counting subclasses of its own comms (`set_custom_all_gather`, `set_custom_reduce_scatter`) and HSDP's
 all-reduce is seen by `set_all_reduce_hook`, which FSDP2 calls right after it.
 
-Silent data corruption (testbed.workload.sdc): parameters in all but fsdp (no replica); gradients in all:
+Silent data corruption (testbed.workload.sdc): parameters in all (fsdp's shards, which no replica holds, by
+each rank's seal); gradients in all:
 DDP's buckets go through a comm hook that checks each before DDP's own all-reduce (or the chosen hook) sends it,
 FSDP2's unsharded gradients are checked by a hook on each unsharded parameter before its unit's reduce-scatter.
 """
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from testbed.workload.model import Block, loss_fn
-from testbed.workload.sdc import guard_from_env, injections_from_env, poison
+from testbed.workload.sdc import guard_from_env, poison
 from testbed.workload.strategies.base import (
     Context,
     MicroBatch,
@@ -348,10 +349,7 @@ class FSDP(TorchNative):
 
     def replicas(self) -> tuple[object, list[int]]:
         """None: fsdp shards every parameter over all ranks, no replica holds a shard twice to compare with (hsdp
-        keeps one per DC); its gradients are checked all the same."""
-        if any(item.target == "parameter" for item in injections_from_env(self.ctx.layout.rank)):
-            raise ValueError("sdc: fsdp shards every parameter over all ranks: no replica holds a shard twice to "
-                             "compare with (hsdp keeps one per DC; target: gradient can)")
+        keeps one per DC); each rank checks its own shards' seal (testbed.workload.sdc.Seal)."""
         return None, [self.ctx.layout.rank]
 
     def setup(self, ctx: Context) -> None:
