@@ -157,12 +157,15 @@ def notify(sim: Sim, key: object, src: int, dst: int, when: float) -> None:
 def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: float, key: object,
              free: dict | None = None) -> tuple[float, float]:
     """A point-to-point send issued at `sent` into a receive posted at `posted`: (payload leaves, arrives).
+    The receiver's "recv ready" goes on the pair's one connection (gloo's tcp Pair), behind any payload the
+    receiver is sending the sender then (a pipeline's gradients going back while activations come forward).
     `free`: per-direction clocks (FIFO) shared by the caller's transfers."""
     t = sim.transport
     edge = sim.edge(src, dst)
     back = sim.edge(dst, src).latency
-    ready = posted + back * (1 + (t.late_receive if posted > sent else 0.0)) if t.rendezvous else posted
-    notify(sim, key, dst, src, posted)
+    notice = sim.connections.get((key, dst, src)).queued_behind(posted)
+    ready = notice + back * (1 + (t.late_receive if posted > sent else 0.0)) if t.rendezvous else posted
+    notify(sim, key, dst, src, notice)
     leave = max(sent + t.op_overhead, ready + t.message_overhead)
     if free is not None:
         leave = max(leave, free.get((src, dst), 0.0))

@@ -68,6 +68,15 @@ class Connection:
     cwnd: float = 0.0
     last: float | None = None
     busy_until: float = 0.0
+    sending: list[tuple[float, float]] = field(default_factory=list)  # (first, last byte leaves) of each payload
+
+    def queued_behind(self, when: float) -> float:
+        """When a message written at `when` leaves: after the last byte of a payload still leaving then (one
+        byte stream; a small message waits for the payload before it)."""
+        for first, last in sorted(self.sending):
+            if first <= when < last:
+                when = last
+        return when
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
         return 0.0
     if not edge.shaped:
         conn.last = conn.busy_until = now + nbytes / edge.rate
+        conn.sending.append((now, conn.busy_until))
         return nbytes / edge.rate
     restart_window(transport, conn, now, edge.rtt)
     bdp = edge.rate * edge.rtt
@@ -137,4 +147,5 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
     conn.cwnd = window
     conn.last = now + elapsed
     conn.busy_until = now + elapsed
+    conn.sending.append((now, conn.busy_until))
     return elapsed

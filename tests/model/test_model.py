@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from testbed.model.collectives import (
     gloo_segments,
     hierarchical_link_ratio,
     ring_all_reduce_factor,
+    transfer,
 )
 from testbed.model.network import build_network
 from testbed.model.predict import predict_cell
@@ -35,7 +37,7 @@ from testbed.spec.topology import topology_from_data
 from ..conftest import ROOT
 
 DATA = Path(__file__).parent / "data"
-IDEAL = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0, local_bandwidth=1e15)
+IDEAL = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0, local_bandwidth=math.inf)  # payloads take no time
 
 
 def two_dc(nodes: int = 2, latency: float = 0.0, bandwidth: float | None = None, dcs: int = 2):
@@ -304,3 +306,21 @@ def test_plan_search_recommends_a_configuration_per_point():
         assert not found["recommended"]["caveat"]  # the recommendation keeps the algorithm and the batch
         # at 5-20 ms between stages, keeping micro-batches in flight across the link beats waiting for them
         assert found["recommended"]["options"]["schedule"] == "overlap"
+
+
+def test_a_recv_ready_note_waits_behind_the_payload_its_sender_is_sending_on_the_same_connection():
+    """gloo keeps one TCP connection per pair: rank 1's "recv ready" for rank 0's activations leaves behind the
+    gradient rank 1 is sending rank 0 on that connection (a pipeline's two directions), so the activations leave
+    only when it has gone out and the note has crossed; on another connection the note goes at once."""
+    _, net = two_dc(1, 0.01, 1e8)
+    transport = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0)
+    shared, apart = Sim(net, transport), Sim(net, transport)
+    leave_back, _ = transfer(shared, 1, 0, 2 ** 20, 0.0, 0.0, "pair")  # rank 1's gradient to rank 0
+    gradient_out = shared.connections.get(("pair", 1, 0)).busy_until
+    assert gradient_out > leave_back + 0.05  # 1 MiB at 100 Mbit/s from a cold window: several round trips
+    leave, arrival = transfer(shared, 0, 1, 1000, 0.05, 0.05, "pair")  # posted while the gradient goes out
+    assert leave == pytest.approx(gradient_out + 0.01)
+    assert arrival == pytest.approx(gradient_out + 0.02, abs=1e-3)
+    transfer(apart, 1, 0, 2 ** 20, 0.0, 0.0, "other")
+    leave, arrival = transfer(apart, 0, 1, 1000, 0.05, 0.05, "pair")
+    assert leave == pytest.approx(0.06) and arrival == pytest.approx(0.07, abs=1e-3)
