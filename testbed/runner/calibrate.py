@@ -15,7 +15,7 @@ from testbed.fabric import registry
 from testbed.fabric.forkserver import ForkServer
 from testbed.fabric.lifecycle import Testbed
 from testbed.runner.links import calibrate as probe_links
-from testbed.runner.links import counter_delta, inter_dc_counters
+from testbed.runner.links import counter_delta, inter_dc_counters, node_tcp
 from testbed.runner.ranks import RankGroup, rank_layout
 
 
@@ -92,7 +92,8 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     argv = benchmark_argv(sizes or [65536, 4194304], reps=reps, lanes=4, **workload_profile(experiment))
     measured = measure(testbed, work_dir, argv, ranks_per_node=ranks_per_node, timeout=timeout, forks=forks)
     measured["machine"] = {"kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
-                           "shaper": testbed.plan.shaper, "measured": datetime.now(UTC).isoformat()}
+                           "shaper": testbed.plan.shaper, "measured": datetime.now(UTC).isoformat(),
+                           "tcp": node_tcp(testbed)}
     measured["shared_clock"] = registry.get(testbed.state.backend).shared_clock
     (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
     return fit(testbed.topology, measured, ranks_per_node)

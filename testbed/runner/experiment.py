@@ -35,7 +35,7 @@ from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
 from testbed.runner.follow import Follower
-from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
+from testbed.runner.links import calibrate, counter_delta, inter_dc_counters, node_tcp
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
 from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.spec.experiment import Experiment, load_experiment
@@ -74,7 +74,7 @@ def manifest(experiment: Experiment, source: Path | None, testbed: Testbed, extr
         "experiment_sha256": hashlib.sha256(text.encode()).hexdigest(), "experiment_text": text,
         "description": experiment.description, "git_commit": git_commit(), "versions": versions(),
         "kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
-        "shaper": testbed.plan.shaper,
+        "shaper": testbed.plan.shaper, "tcp": node_tcp(testbed),
         "links": {end.key: {**end.shaping.params.describe(), "shaper": testbed.plan.shaper,
                             "mechanism": testbed.mechanism(end)}
                   for end in testbed.plan.link_ends if end.kind == "inter-dc"},

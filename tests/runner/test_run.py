@@ -87,6 +87,9 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
     assert manifest["shaper"] in ("netem", "userspace-delay") and manifest["links"]["east->west"]["mechanism"]
     assert manifest["versions"]["torch"].startswith("2.") and manifest["experiment_sha256"]
     assert manifest["links"]["west->east"]["shaper"] == manifest["shaper"] and manifest["finished"]
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as available:  # the node's, as its kernel has it
+        assert manifest["tcp"]["tcp_congestion_control"] in available.read().split()
+    assert manifest["tcp"]["tcp_slow_start_after_idle"] in ("0", "1")
     assert set(manifest["calibration"]) == {r["cell"] for r in rows}
     html = (run_dir / "report.html").read_text()
     assert '<img src="plots/efficiency.png"' in html and (run_dir / "plots" / "efficiency.png").stat().st_size > 5000
