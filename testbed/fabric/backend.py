@@ -35,7 +35,8 @@ class Backend(ABC):
     State: ClassVar[type[BackendState]] = BackendState  # its record in the state file
     forks_ranks: ClassVar[bool] = False  # its fabric's fork_server() gives one (the fork launcher works here)
     shared_clock: ClassVar[bool] = True  # every node reads one clock (timestamps of different nodes compare)
-    # every rank reads and writes this machine's file system (a restart's ranks find rank 0's checkpoint)
+    # every rank reads and writes this machine's file system (a restart's ranks find rank 0's checkpoint; elsewhere
+    # every rank keeps its own on its node)
     shares_files: ClassVar[bool] = False
     # every node is emulated on this machine: its ranks share its GPUs, and their traffic must take the emulated
     # links (testbed.runner.ranks.rank_layout); real hosts (ssh) are not

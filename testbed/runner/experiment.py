@@ -28,7 +28,7 @@ from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel, registry
 from testbed.fabric.backend import Backend
-from testbed.fabric.errors import FabricError, NotSupported
+from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import ForkServer
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.plan.faults import fault_seed, longest_partition
@@ -180,7 +180,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
     env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
-           **checkpoint_env(cell_dir, restarts, checkpoint_every)}
+           **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files)}
     emulated = registry.get(testbed.state.backend).emulated
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
     launched, clock = time.time(), time.monotonic()
@@ -265,7 +265,6 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS)."""
     fork = launcher_forks(launcher, backend)
     experiment, topology = load_experiment(path)
-    refuse_what_the_backend_cannot_run(path, experiment, backend)
     cells = plan_cells(experiment, topology)
     if only:
         cells = [c for c in cells if fnmatch.fnmatch(c.id, only) or only in c.id]
@@ -297,15 +296,6 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
             if progress:
                 progress.done(cell, result)
     return finish_run(run_dir)
-
-
-def refuse_what_the_backend_cannot_run(path: Path, experiment: Experiment, backend: str | Backend) -> None:
-    """Before anything is built, what the experiment asks of the backend beyond its cells: every fault runs
-    everywhere; restarts need every rank to see rank 0's checkpoint (Backend.shares_files)."""
-    chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
-    if experiment.restarts and not chosen.shares_files:
-        raise NotSupported(f"{path}: restarts: ranks restart from rank 0's checkpoint where every rank shares this "
-                           f"machine's files (netns), not on {chosen.name}")
 
 
 def launcher_forks(launcher: str, backend: str | Backend) -> bool:

@@ -11,11 +11,14 @@ from testbed.steplog import read_records
 CHECKPOINT_DIR = "checkpoint"  # under the cell's directory
 
 
-def checkpoint_env(cell_dir: Path, restarts: int, every: int) -> dict[str, str]:
-    """Where the ranks write and find checkpoints, and how often they write them; nothing without restarts."""
+def checkpoint_env(cell_dir: Path, restarts: int, every: int, shared: bool = True) -> dict[str, str]:
+    """Where the ranks write and find checkpoints, and how often they write them; nothing without restarts.
+    Where the ranks' nodes do not share this machine's files (`shared` false: docker, ssh; the fabric puts the
+    directory on each node) every rank keeps its own and they agree on a step (testbed.workload.checkpoint)."""
     if not restarts:
         return {}
-    return {"TESTBED_CHECKPOINT_DIR": str(cell_dir / CHECKPOINT_DIR), "TESTBED_CHECKPOINT_EVERY": str(every)}
+    return {"TESTBED_CHECKPOINT_DIR": str(cell_dir / CHECKPOINT_DIR), "TESTBED_CHECKPOINT_EVERY": str(every),
+            **({} if shared else {"TESTBED_CHECKPOINT_LOCAL": "1"})}
 
 
 def restart_figures(rank0: Path, deaths: list[dict]) -> list[dict]:

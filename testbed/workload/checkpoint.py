@@ -8,7 +8,10 @@ hier-dp-overlap, ddp) rank 0 writes one file; where ranks hold different state (
 between outer syncs) every rank writes its own, under the step (`ranks/step<S>/rank<r>.pt`), and a restart takes
 the last step whose files are all there -- the set is complete or not used, as torch.distributed.checkpoint
 commits a checkpoint only once every rank has written. Each rank keeps its last two: ranks are never more than one
-checkpoint apart (every step, or every outer step in DiLoCo, synchronises them)."""
+checkpoint apart (every step, or every outer step in DiLoCo, synchronises them).
+
+Where the ranks' nodes share no file system (docker, ssh: TESTBED_CHECKPOINT_LOCAL=1) every rank writes its own
+in every strategy, and a restart's ranks agree over the process group on the last step each of them holds."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ STEP = re.compile(r"step(\d+)$")
 class Checkpointing:
     directory: Path
     every: int
+    local: bool = False  # each rank sees only its own files: every rank writes its own, the ranks agree on a step
 
     @property
     def path(self) -> Path:
@@ -70,8 +74,24 @@ class Checkpointing:
         return int(saved["step"]), saved["state"]
 
 
+    def load_agreed(self, rank: int, world: int) -> tuple[int, dict] | None:
+        """Rank `rank`'s own checkpoint of the last step every rank of the default group holds (each sees only its
+        own files), or None when they hold none in common; every rank must call it."""
+        import torch.distributed as dist
+
+        mine = [step for step in self._steps() if (self.directory / RANKS / f"step{step}" / f"rank{rank}.pt").exists()]
+        held: list[list[int] | None] = [None] * world
+        dist.all_gather_object(held, mine)
+        common = set(mine).intersection(*(set(steps or []) for steps in held))
+        if not common:
+            return None
+        saved = torch.load(self.directory / RANKS / f"step{max(common)}" / f"rank{rank}.pt", weights_only=False)
+        return int(saved["step"]), saved["state"]
+
+
 def checkpointing_from_env() -> Checkpointing | None:
     directory = os.environ.get("TESTBED_CHECKPOINT_DIR")
     if not directory:
         return None
-    return Checkpointing(Path(directory), int(os.environ.get("TESTBED_CHECKPOINT_EVERY") or 0))
+    return Checkpointing(Path(directory), int(os.environ.get("TESTBED_CHECKPOINT_EVERY") or 0),
+                         os.environ.get("TESTBED_CHECKPOINT_LOCAL") == "1")

@@ -69,8 +69,10 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     strategy = make_strategy(opts.strategy)
     strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device))
     checkpoints, first = checkpointing_from_env(), 0
-    own = layout.rank if strategy.checkpoint_per_rank else None  # whose checkpoint this rank writes and reads
-    saved = checkpoints.load(own, layout.world) if checkpoints is not None else None
+    local = checkpoints is not None and checkpoints.local
+    own = layout.rank if strategy.checkpoint_per_rank or local else None  # whose checkpoint this rank writes and reads
+    saved = None if checkpoints is None else checkpoints.load_agreed(layout.rank, layout.world) if local \
+        else checkpoints.load(own, layout.world)
     if saved is not None:  # a restart: go on after the step the checkpoint was written after
         strategy.restore(saved[1])
         first = saved[0] + 1

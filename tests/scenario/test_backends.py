@@ -186,7 +186,8 @@ def elsewhere(request, prefix, tmp_path) -> Backend:
 
 
 PARTITION_AT, PARTITION_S, BURST_S = 3, 1.5, 1.0
-STRAGGLER_AT, STRAGGLER_S, SLOWDOWN, KILL_AT = 8.0, 2.0, 4, 13.0
+STRAGGLER_AT, STRAGGLER_S, SLOWDOWN = 8.0, 2.0, 4
+KILL_AT, STEPS, CHECKPOINT_EVERY = 100, 110, 10  # a step after the straggler's window (about 65 steps in, here)
 # a straggler's loop and a kill each start a command on the rank's node (a docker exec, an SSH channel): 0.08-0.37 s
 # here (2026-11-25), not issue 16's bound for link faults (those go through shells opened ahead)
 RANK_FAULT_BOUND_S = 0.5
@@ -197,27 +198,28 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     (followed live, testbed.runner.follow): a partition at a step and a loss burst at a time are applied within
     issue 16's 0.25 s of their schedule and cleared after their duration; a straggler (rank 1 stopped and
     continued by a loop in its container or on its host) slows the steps of its window; a kill (SIGKILL to rank
-    1's process group there) ends the cell, which names the timeline; nothing is left."""
+    1's process group there) is ridden out by a restart: every rank starts again from the checkpoint it kept on
+    its own node (they share no files), the ranks agreeing on the step, and the cell finishes; nothing is left."""
     path = tmp_path / "faults.yaml"
     path.write_text(yaml.safe_dump({
         "name": "faults-elsewhere", "topology": PAIR, "baseline": "none", "calibrate": "none", "cell_timeout": 120,
-        "workload": {"steps": 400, "warmup_steps": 1, "micro_batch": 2, "micro_batches": 1, "compute": "synthetic",
+        "workload": {"steps": STEPS, "warmup_steps": 1, "micro_batch": 2, "micro_batches": 1, "compute": "synthetic",
                      "compute_ms": 50},
-        "strategies": ["flat-dp"],
+        "strategies": ["flat-dp"], "restarts": 1, "checkpoint_every": CHECKPOINT_EVERY,
         "faults": [{"kind": "partition", "between": ["east", "west"], "at": f"step {PARTITION_AT}",
                     "duration": f"{PARTITION_S}s"},
                    {"kind": "loss-burst", "between": ["east", "west"], "at": "6s", "duration": f"{BURST_S}s",
                     "loss": "20%"},
                    {"kind": "straggler", "rank": 1, "at": f"{STRAGGLER_AT}s", "duration": f"{STRAGGLER_S}s",
                     "slowdown": SLOWDOWN},
-                   {"kind": "kill", "rank": 1, "at": f"{KILL_AT}s"}]}))
+                   {"kind": "kill", "rank": 1, "at": f"step {KILL_AT}"}]}))
     proc = elsewhere.cli("run", str(path), *elsewhere.up_options, "--out", str(tmp_path / "out"), timeout=600)
-    assert proc.returncode == 1, proc.stderr[-3000:]  # the kill fails the cell
+    assert proc.returncode == 0, proc.stderr[-3000:]  # the restart rides the kill out
     (cell,) = list(next((tmp_path / "out" / "faults-elsewhere").glob("*")).glob("cells/*"))
     record = json.loads((cell / "faults.json").read_text())
     assert record["errors"] == [], record
     partition, burst, straggler, kill = record["faults"]
-    assert kill["scheduled_at"] == pytest.approx(KILL_AT) and 0 <= kill["applied_at"] - KILL_AT < RANK_FAULT_BOUND_S
+    assert 0 <= kill["applied_at"] - kill["scheduled_at"] < RANK_FAULT_BOUND_S, (elsewhere.name, kill)
     for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S)):
         assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25, (elsewhere.name, entry)
         assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(seconds, abs=0.25), (elsewhere.name, entry)
@@ -225,7 +227,11 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     assert 0 <= straggler["applied_at"] - STRAGGLER_AT < RANK_FAULT_BOUND_S, (elsewhere.name, straggler)
     assert 0 <= straggler["cleared_at"] - (STRAGGLER_AT + STRAGGLER_S) < 0.25, (elsewhere.name, straggler)
     assert burst["scheduled_at"] == pytest.approx(6.0) and straggler["scheduled_at"] == pytest.approx(STRAGGLER_AT)
+    assert straggler["cleared_at"] < kill["scheduled_at"], (straggler, kill)  # the windows stay apart
     live = [json.loads(line) for line in (cell / "logs" / "rank0.live.jsonl").read_text().splitlines()]
+    restarted = [i for i, e in enumerate(live) if e["event"] == "start"]
+    assert len(restarted) == 2, restarted  # rank 0 followed live across the restart
+    live = live[:restarted[1]]  # the first attempt's steps
     begun = {e["step"]: e["time"] for e in live if e["event"] == "step_begin"}
     assert partition["scheduled_at"] == pytest.approx(begun[PARTITION_AT] - begun[0], abs=1e-3)
     # rank 0 waits for rank 1 in every all-reduce: its steps begun inside the straggler's window are slower than
@@ -236,7 +242,15 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     after = [walls[s] for s in walls if at[s] >= straggler["cleared_at"] + 0.5]
     assert len(inside) >= 3 and len(after) >= 5, (inside, after)
     assert statistics.median(inside) >= 1.5 * statistics.median(after), (elsewhere.name, inside, after)
+    assert kill["scheduled_at"] == pytest.approx(begun[KILL_AT] - begun[0], abs=1e-3)
     result = json.loads((cell / "result.json").read_text())
-    assert result["status"] == "failed" and result["failed_rank"] == 1, result
-    assert "signal 9" in result["reason"] and "killed by the faults: timeline" in result["reason"], result["reason"]
+    assert result["status"] == "ok", result["reason"]
+    (restart,) = result["restarts"]
+    assert restart["failed_rank"] == 1 and "signal 9" in restart["reason"], restart
+    # rank 1 may be killed before its own checkpoint of step 99 is written: then both agree on step 89
+    assert restart["resumed_after_step"] in (KILL_AT - 1, KILL_AT - 1 - CHECKPOINT_EVERY), restart
+    for rank in range(2):
+        lines = [json.loads(line) for line in (cell / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [e["resumed_after_step"] for e in lines if e["event"] == "start"] == [None, restart["resumed_after_step"]]
+        assert sorted({e["step"] for e in lines if e["event"] == "step"}) == list(range(STEPS)), rank
     assert elsewhere.leftovers() == []

@@ -263,6 +263,8 @@ class DockerFabric(Fabric):
             env["TESTBED_METRICS_DIR"] = self._remote_dir(local)
             mkdirs = (env["TESTBED_METRICS_DIR"],)
             self._outputs.setdefault(local, set()).add(node)
+        if "TESTBED_CHECKPOINT_DIR" in env:  # the container's own copy (restarts find it there; not fetched)
+            env["TESTBED_CHECKPOINT_DIR"] = self._remote_dir(env["TESTBED_CHECKPOINT_DIR"])
         try:
             return DockerProcess(self.client.api, container.id, argv, env=env, cwd=f"{WORKDIR}/run", mkdirs=mkdirs,
                                  stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),

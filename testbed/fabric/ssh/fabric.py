@@ -328,6 +328,8 @@ class SshFabric(Fabric):
             env["TESTBED_METRICS_DIR"] = self._remote_dir(item, local)
             mkdirs.append(env["TESTBED_METRICS_DIR"])
             self._outputs.setdefault(local, set()).add(item.host.name)
+        if "TESTBED_CHECKPOINT_DIR" in env:  # the host's own copy (restarts find it there; not fetched)
+            env["TESTBED_CHECKPOINT_DIR"] = self._remote_dir(item, env["TESTBED_CHECKPOINT_DIR"])
         try:
             return RemoteProcess(self.connect(item.host), argv, env=env, cwd=run, mkdirs=tuple(mkdirs),
                                  stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"), text=kwargs.get("text", False))
