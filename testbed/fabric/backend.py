@@ -61,6 +61,18 @@ class Backend(ABC):
         is checked. It may probe a kernel or the hosts."""
         return requested
 
+    def host_refusal(self, topology: Topology) -> str | None:
+        """Why this machine cannot build `topology` as asked, beyond its layout (None: it can): an emulated
+        backend's nodes run on this host's kernel, which must let them pick the topology's congestion control.
+        Read before anything is created."""
+        from testbed.fabric.tcp import congestion_control_refusal
+
+        chosen = topology.tcp.congestion_control
+        if not self.emulated or not chosen:
+            return None
+        why = congestion_control_refusal(chosen)
+        return f"tcp.congestion_control: {why}" if why else None
+
     def stale(self, prefix: str, saved: FabricState | None) -> bool:
         """Whether an earlier testbed with this prefix must be torn down before this one comes up."""
         return saved is not None

@@ -147,6 +147,9 @@ def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_
     chosen = backend if isinstance(backend, Backend) else registry.get(backend)()
     source = topology_file or topology.name
     plan_of(chosen, topology, shaper, prefix, source)  # pure: fails before anything is probed or created
+    refusal = chosen.host_refusal(topology)
+    if refusal:
+        raise FabricError(f"{source}: {refusal}")
     resolved = chosen.resolve_shaper(shaper, topology, on_progress)
     plan = plan_of(chosen, topology, resolved, prefix, source)
     if chosen.stale(prefix, state_store.load(prefix)):

@@ -25,7 +25,7 @@ from testbed.plan.addressing import allocate
 from testbed.plan.network import NetworkPlan, build_plan, direction_key, link_direction_params
 from testbed.plan.routing import next_hops
 from testbed.plan.shaping import Shaping
-from testbed.plan.sysctls import NODE_SYSCTLS, ROUTER_SYSCTLS
+from testbed.plan.sysctls import ROUTER_SYSCTLS, node_sysctls
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -203,7 +203,7 @@ def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str 
         for _index, name in enumerate(dc.node_names()):
             containers.append(ContainerSpec(
                 name, "node", dc.name, (Attachment(lan_name, hosts[name]),),
-                (*ROUTER_COMMAND, "idle"), dict(NODE_SYSCTLS),
+                (*ROUTER_COMMAND, "idle"), node_sysctls(topology),
                 extra_hosts=_peer_hosts(hosts, name)))
         config = router_config(topology, dc.name, prefix, shaper, str(router_address), router_links[dc.name])
         containers.append(ContainerSpec(

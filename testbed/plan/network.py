@@ -20,6 +20,7 @@ from testbed.plan.addressing import Addressing, allocate
 from testbed.plan.delayline import DelayDirection
 from testbed.plan.routing import next_hops
 from testbed.plan.shaping import Shaper, Shaping, plan_shaping
+from testbed.plan.sysctls import node_sysctls
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -98,6 +99,7 @@ class NetworkPlan:
     nodes: tuple[Node, ...]
     links: tuple[InterDCLink, ...]
     gateways: dict[str, str] = field(default_factory=dict)  # dc -> gateway namespace
+    node_sysctls: dict[str, str] = field(default_factory=dict)  # what every non-router namespace gets (sysctls.py)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -203,7 +205,7 @@ def build_plan(topology: Topology, shaper: Shaper, prefix: str = DEFAULT_PREFIX,
             routes.append(Route(gateways[src], str(addressing.dcs[dst].lan), link_address[(src, hop)]))
 
     return NetworkPlan(topology.name, prefix, shaper, tuple(namespaces), tuple(bridges), tuple(veths),
-                       tuple(routes), tuple(ends), tuple(nodes), tuple(links), gateways)
+                       tuple(routes), tuple(ends), tuple(nodes), tuple(links), gateways, node_sysctls(topology))
 
 
 def path_params(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkParams]:

@@ -4,6 +4,8 @@ name them (dotted)."""
 
 from __future__ import annotations
 
+from testbed.spec.topology import Topology
+
 NODE_SYSCTLS = {
     "net.ipv6.conf.all.disable_ipv6": "1",
     "net.ipv6.conf.default.disable_ipv6": "1",
@@ -21,6 +23,13 @@ ROUTER_SYSCTLS = {
     # second of others waited out the resolver's 5 s timeout (a restart's rendezvous took 5.1 s instead of 0.1 s)
     "net.ipv4.icmp_ratelimit": "0",
 }
+
+
+def node_sysctls(topology: Topology) -> dict[str, str]:
+    """What a node of `topology` gets: NODE_SYSCTLS, and its congestion control where the topology names one (a
+    namespace or container otherwise takes the host's)."""
+    chosen = topology.tcp.congestion_control
+    return {**NODE_SYSCTLS, **({"net.ipv4.tcp_congestion_control": chosen} if chosen else {})}
 
 
 def proc_paths(sysctls: dict[str, str]) -> dict[str, str]:

@@ -70,6 +70,15 @@ class LinkSpec(_LinkFields):
         return self.reverse.overlay(forward) if self.reverse is not None else forward
 
 
+class TcpSpec(BaseModel):
+    """The TCP every emulated node runs (unset: the host's, which a namespace or container takes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # a name from the kernel's net.ipv4.tcp_available_congestion_control: cubic (Linux's default), bbr, reno, ...
+    congestion_control: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,15}$")
+
+
 class Topology(BaseModel):
     """A whole topology file."""
 
@@ -79,6 +88,7 @@ class Topology(BaseModel):
     subnet: str = DEFAULT_SUBNET
     dcs: list[DCSpec] = Field(min_length=1)
     links: list[LinkSpec] = []
+    tcp: TcpSpec = TcpSpec()
 
     @field_validator("subnet")
     @classmethod

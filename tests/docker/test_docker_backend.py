@@ -81,7 +81,9 @@ def test_clean_without_state_removes_every_labelled_object(prefix, state_dir, do
 
 
 def test_a_torchrun_style_command_runs_in_the_containers(prefix, docker_image, tmp_path):
-    proc = run_cli("run", "--topology", str(TOPOLOGIES / "two-dc.yaml"), "--backend", "docker", "--image", docker_image,
+    topology = tmp_path / "two-dc.yaml"  # its nodes on reno: not the host's (cubic or bbr), in every allowed list
+    topology.write_text((TOPOLOGIES / "two-dc.yaml").read_text() + "tcp: {congestion_control: reno}\n")
+    proc = run_cli("run", "--topology", str(topology), "--backend", "docker", "--image", docker_image,
                    "--out", str(tmp_path / "out"), "--", "python", "-c", USER_SCRIPT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = next((tmp_path / "out").glob("command-two-dc/*"))
@@ -92,7 +94,8 @@ def test_a_torchrun_style_command_runs_in_the_containers(prefix, docker_image, t
     assert [o["node"] for o in outputs] == ["east-0", "east-1", "west-0", "west-1"]
     assert all(o["sum"] == 10.0 and o["world"] == 4 for o in outputs)
     assert [o["dc"] for o in outputs] == ["0", "0", "1", "1"]
-    assert json.loads((run_dir / "manifest.json").read_text())["backend"] == "docker"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["backend"] == "docker" and manifest["tcp"]["tcp_congestion_control"] == "reno", manifest["tcp"]
     assert labelled(prefix) == []
 
 

@@ -32,11 +32,30 @@ def test_dry_run_prints_the_plan_and_creates_nothing(prefix):
     assert namespaces_with(prefix) == []
 
 
-def test_up_exec_shape_down(prefix):
-    run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), check=True)
+def with_tcp(tmp_path: Path, congestion_control: str) -> Path:
+    """two-dc.yaml whose nodes run `congestion_control` (tcp.congestion_control)."""
+    path = tmp_path / f"two-dc-{congestion_control}.yaml"
+    path.write_text((TOPOLOGIES / "two-dc.yaml").read_text() + f"tcp: {{congestion_control: {congestion_control}}}\n")
+    return path
+
+
+def test_a_congestion_control_the_kernel_lacks_is_one_line_before_anything_is_built(prefix, state_dir, tmp_path):
+    path = with_tcp(tmp_path, "nosuchcc")
+    proc = run_cli("up", str(path))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert f"{path}: tcp.congestion_control: nosuchcc is not in this kernel (available: " in lines[0], lines
+    assert namespaces_with(prefix) == [] and not state_dir.exists()
+
+
+def test_up_exec_shape_down(prefix, tmp_path):
+    # reno: in every kernel and every host's allowed list, and not the default anywhere (cubic, bbr)
+    run_cli("up", str(with_tcp(tmp_path, "reno")), check=True)
     proc = run_cli("exec", "west-1", "--", sys.executable, "-c",
-                       "import socket; s=socket.socket(); print(s.getsockname())", check=True)
-    assert "0.0.0.0" in proc.stdout
+                       "import socket; s=socket.socket(); print(s.getsockname(), "
+                       "s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).strip(bytes(1)).decode())",
+                       check=True)
+    assert "0.0.0.0" in proc.stdout and proc.stdout.split()[-1] == "reno", proc.stdout
     unknown = run_cli("exec", "north-0", "--", "true")
     assert unknown.returncode == 2 and "no node named 'north-0'" in unknown.stderr
     run_cli("shape", "east", "west", "--latency", "25ms", "--bandwidth", "200mbit", check=True)

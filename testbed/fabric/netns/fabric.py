@@ -32,7 +32,7 @@ from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import DelayLineSpec
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.plan.shaping import plan_shaping
-from testbed.plan.sysctls import NODE_SYSCTLS, ROUTER_SYSCTLS, proc_paths
+from testbed.plan.sysctls import ROUTER_SYSCTLS, proc_paths
 from testbed.spec.link import LinkParams
 from testbed.waiting import alive
 
@@ -88,7 +88,7 @@ class NetnsFabric(Fabric):
                     netns.create(space.name)
                 handles[space.name] = stack.enter_context(NetNS(space.name))
                 handles[space.name].link("set", index=1, state="up")
-                set_sysctls(space.name, proc_paths(ROUTER_SYSCTLS if space.forwarding else NODE_SYSCTLS))
+                set_sysctls(space.name, proc_paths(ROUTER_SYSCTLS if space.forwarding else plan.node_sysctls))
             for bridge in plan.bridges:
                 with needs("bridge (module bridge)", f"creating bridge {bridge.ns}/{bridge.ifname}"):
                     handles[bridge.ns].link("add", ifname=bridge.ifname, kind="bridge")

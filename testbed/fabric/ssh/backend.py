@@ -94,7 +94,10 @@ class SshBackend(Backend):
 
     def plan(self, topology: Topology, shaper: str, prefix: str,
              overrides: dict[str, LinkParams] | None = None) -> HostsPlan:
-        """`auto` shows as userspace-delay (what hosts without netem take)."""
+        """`auto` shows as userspace-delay (what hosts without netem take). Real hosts keep their own TCP."""
+        if topology.tcp.congestion_control:
+            raise ValueError("tcp.congestion_control: real hosts keep their own TCP (set "
+                             "net.ipv4.tcp_congestion_control on them; each run records what they run)")
         chosen = "userspace-delay" if shaper == "auto" else shaper
         return build_hosts_plan(topology, self.inventory, chosen, prefix, overrides, inventory_file=str(self.source))
 
