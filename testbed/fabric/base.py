@@ -58,6 +58,11 @@ class Fabric(ABC):
         starts, so that its applied_at measures the change itself."""
         return
 
+    def prepare_rank_faults(self, nodes: list[str]) -> None:
+        """What a first signal to a rank on each of `nodes` would pay once (a session there), paid now: before a
+        fault's clock starts, so that a scheduled kill's applied_at measures the signal itself."""
+        return
+
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """impair() of several directions at once (a partition: both); a backend may change them in parallel."""
         for key, params in changes.items():

@@ -195,7 +195,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     # the driver signals the ranks running now (a restart starts new ones)
     driver = FaultDriver(testbed, faults, cell.id, seed, rank0, cell_dir / "faults.json",
                          lambda rank, number: group.signal(rank, number),
-                         lambda rank, slowdown, until: group.straggle(rank, slowdown, until))
+                         lambda rank, slowdown, until: group.straggle(rank, slowdown, until),
+                         rank_nodes=[spec.node.name for spec in specs])
     deaths: list[dict] = []
     try:
         driver.start()

@@ -64,12 +64,15 @@ class FaultDriver:
 
     def __init__(self, testbed: Testbed, faults: list[Fault], cell_id: str, workload_seed: int,
                  rank0: Path | None, record: Path | None, signal_rank: Signal | None = None,
-                 slow_rank: Slow | None = None, zero: float | None = None) -> None:
+                 slow_rank: Slow | None = None, zero: float | None = None,
+                 rank_nodes: list[str] | None = None) -> None:
         """`rank0`: rank 0's metrics file, with its step starts, as it is written (here, or a live copy:
         testbed.runner.follow; None: no step anchors, as by hand); `zero`: the clock's zero when it is known now
         (by hand), else rank 0's start of step 0 (on its node's clock: SSH hosts' clocks must agree, as NTP
-        keeps them; the host check reports each one's offset)."""
+        keeps them; the host check reports each one's offset); `rank_nodes`: each rank's node (a kill's session
+        there is opened before the clock starts)."""
         self.testbed, self.faults, self.record = testbed, faults, record
+        self.rank_nodes = rank_nodes or []
         self.rank0 = rank0
         self.signal_rank, self.slow_rank = signal_rank, slow_rank
         self.actions = schedule(faults)
@@ -93,6 +96,10 @@ class FaultDriver:
         self._write()
         if any(fault.is_link for fault in self.faults):
             self.testbed.fabric.prepare_link_faults()  # an SSH or docker exec session: most of a first change
+        killed = {fault.rank for fault in self.faults if fault.kind == "kill" and fault.rank is not None}
+        nodes = sorted({self.rank_nodes[rank] for rank in killed if rank < len(self.rank_nodes)})
+        if nodes:
+            self.testbed.fabric.prepare_rank_faults(nodes)  # the same for a kill's signal on its rank's node
         if self.actions:
             gc.collect()
             gc.freeze()

@@ -18,6 +18,7 @@ import json
 import shlex
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +75,8 @@ class DockerFabric(Fabric):
         self._outputs: dict[str, set[str]] = {}  # local dir -> containers that wrote into their copy of it
         self._health: tuple[float, list[str]] | None = None
         self._by_service: dict[str, Any] = {}  # service -> container: containers do not change while up
-        self._shells: dict[str, ExecShell] = {}  # router -> its kept-open shell for live changes
+        self._shells: dict[str, ExecShell] = {}  # router or node -> its kept-open shell (live changes, signals)
+        self._shells_lock = threading.Lock()
 
     # --- bring-up ---------------------------------------------------------------------------------
     def up(self, plan: ContainersPlan, state: FabricState | None = None) -> None:
@@ -225,12 +227,17 @@ class DockerFabric(Fabric):
             raise _router_failure(dc, what, text.strip().splitlines()[-1:] or code)
         return text
 
+    def _shell(self, service: str) -> ExecShell:
+        """The kept-open shell of container `service` (a router, or a node whose ranks a fault signals)."""
+        with self._shells_lock:
+            shell = self._shells.get(service)
+            if shell is None:
+                shell = self._shells[service] = ExecShell(self.client.api, self._container(service).id)
+            return shell
+
     def _router_control(self, dc: str, pairs: list[list]) -> None:
         """Hand changes to router `dc`'s serving agent through its kept-open shell (one exec, once)."""
-        service = f"{dc}-gw"
-        shell = self._shells.get(service)
-        if shell is None:
-            shell = self._shells[service] = ExecShell(self.client.api, self._container(service).id)
+        shell = self._shell(f"{dc}-gw")
         what = f"re-shaping {', '.join(key for key, _ in pairs)}" if pairs else "opening its shell"
         try:
             code, text = shell.script([shlex.join(["sh", "-c", CONTROL_SCRIPT, "sh", json.dumps(pairs)])]
@@ -268,7 +275,7 @@ class DockerFabric(Fabric):
         try:
             return DockerProcess(self.client.api, container.id, argv, env=env, cwd=f"{WORKDIR}/run", mkdirs=mkdirs,
                                  stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),
-                                 text=kwargs.get("text", False))
+                                 text=kwargs.get("text", False), shell=lambda: self._shell(node))
         except ExecError as error:
             raise FabricError(str(error)) from None
 
@@ -299,6 +306,12 @@ class DockerFabric(Fabric):
 
     def impair(self, key: str, params: LinkParams) -> None:
         self.impair_all({key: params})
+
+    def prepare_rank_faults(self, nodes: list[str]) -> None:
+        """Open the kept-open shell of every node container in `nodes` (a kill is a `kill` written to it)."""
+        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+            for job in [pool.submit(lambda node: self._shell(node).script(["true"]), node) for node in nodes]:
+                job.result()
 
     def prepare_link_faults(self) -> None:
         """Open every router's kept-open shell (an exec each, 0.15-0.2 s) before a fault's clock starts."""

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 from testbed.agents import bootstrap
@@ -54,8 +56,10 @@ class DockerProcess(PopenLike):
     """argv running inside `container` (a docker SDK Container); see the module docstring."""
 
     def __init__(self, api: Any, container: str, argv: list[str], *, env: dict[str, str], cwd: str | None = None,
-                 mkdirs: tuple[str, ...] = (), stdout: Any = None, stderr: Any = None, text: bool = False) -> None:
-        self.api, self.container, self.argv = api, container, argv
+                 mkdirs: tuple[str, ...] = (), stdout: Any = None, stderr: Any = None, text: bool = False,
+                 shell: Callable[[], ExecShell] | None = None) -> None:
+        """`shell`: the container's kept-open shell, which signals go through (else a new exec each)."""
+        self.api, self.container, self.argv, self._shell = api, container, argv, shell
         self.returncode: int | None = None
         spec = {"argv": list(argv), "cwd": cwd, "mkdirs": [*mkdirs, *((cwd,) if cwd else ())], "session": True,
                 "pid": True}
@@ -113,8 +117,14 @@ class DockerProcess(PopenLike):
         return self.returncode
 
     def send_signal(self, signal_name: str) -> None:
-        """Signal the process's group (the command and its children) from a second exec."""
+        """Signal the process's group (the command and its children), else the process alone: a `kill` written
+        to the container's kept-open shell where there is one (an exec costs 0.15-0.2 s), else a second exec."""
         if self.poll() is not None:
+            return
+        if self._shell is not None:
+            name = shlex.quote(signal_name)
+            self._shell().script([f"kill -s {name} -- -{self.pid} 2>/dev/null || kill -s {name} {self.pid} "
+                                  "2>/dev/null || true"])
             return
         exec_id = self.api.exec_create(self.container, ["python", "-c", KILL_GROUP, str(self.pid), signal_name])["Id"]
         self.api.exec_start(exec_id)

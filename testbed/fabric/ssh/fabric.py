@@ -358,6 +358,14 @@ class SshFabric(Fabric):
     def impair(self, key: str, params: LinkParams) -> None:
         self.impair_all({key: params})
 
+    def prepare_rank_faults(self, nodes: list[str]) -> None:
+        """Open the kept-open shell of every host running a rank on `nodes` (a kill is a `kill` written to it)."""
+        plan = self._require()
+        hosts = {plan.host(node).host.name: plan.host(node).host for node in nodes}
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            for job in [pool.submit(lambda host: self.connect(host).open_shell(), host) for host in hosts.values()]:
+                job.result()
+
     def prepare_link_faults(self) -> None:
         """Connect to every host in parallel and open its kept-open shell: an SSH handshake and a new session
         are most of a first change (which needs no SFTP: impair_all writes the delay line's configuration in
