@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import threading
 import time
 from typing import Any
 
 from testbed.waiting import wait_for
+
+
+def signal_group_line(signal_name: str, pid: int) -> str:
+    """A shell line that sends SIG`signal_name` to the process group led by `pid`, else to `pid` alone (not a
+    leader), and succeeds when the process is already gone: for a shell kept open on the process's machine."""
+    name = shlex.quote(signal_name)
+    return f"kill -s {name} -- -{pid} 2>/dev/null || kill -s {name} {pid} 2>/dev/null || true"
 
 
 class PopenLike:

@@ -16,6 +16,7 @@ testbed.model.calibration from measurements.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -68,13 +69,17 @@ class Connection:
     cwnd: float = 0.0
     last: float | None = None
     busy_until: float = 0.0
-    sending: list[tuple[float, float]] = field(default_factory=list)  # (first, last byte leaves) of each payload
+    # (first, last byte leaves) of each payload, in order: a payload leaves after busy_until, so none overlap
+    sending: list[tuple[float, float]] = field(default_factory=list)
 
     def queued_behind(self, when: float) -> float:
-        """When a message written at `when` leaves: after the last byte of a payload still leaving then (one
-        byte stream; a small message waits for the payload before it)."""
-        for first, last in sorted(self.sending):
-            if first <= when < last:
+        """When a message written at `when` leaves: after the last byte of a payload still leaving then, and of
+        any that follows it back to back (one byte stream; a small message waits for the payload before it)."""
+        index = max(0, bisect.bisect_right(self.sending, when, key=lambda span: span[0]) - 1)
+        for first, last in self.sending[index:]:
+            if first > when:
+                break
+            if when < last:
                 when = last
         return when
 

@@ -43,14 +43,22 @@ class Checkpointing:
 
     def save(self, step: int, state: dict, rank: int | None = None) -> None:
         """Write the state after `step`: the world's (rank None) or rank `rank`'s own."""
-        path = self.path if rank is None else self.directory / RANKS / f"step{step}" / f"rank{rank}.pt"
+        path = self.path if rank is None else self._rank_file(step, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".tmp{os.getpid()}")
         torch.save({"step": step, "state": state}, partial)
         os.replace(partial, path)
         if rank is not None:
             for old in self._steps()[:-2]:
-                (self.directory / RANKS / f"step{old}" / f"rank{rank}.pt").unlink(missing_ok=True)
+                self._rank_file(old, rank).unlink(missing_ok=True)
+
+    def _rank_file(self, step: int, rank: int) -> Path:
+        return self.directory / RANKS / f"step{step}" / f"rank{rank}.pt"
+
+    @staticmethod
+    def _read(path: Path) -> tuple[int, dict]:
+        saved = torch.load(path, weights_only=False)
+        return int(saved["step"]), saved["state"]
 
     def _steps(self) -> list[int]:
         """The steps of which some rank wrote its own checkpoint, in order."""
@@ -64,29 +72,26 @@ class Checkpointing:
             path = self.path
         else:
             complete = [step for step in self._steps()
-                        if all((self.directory / RANKS / f"step{step}" / f"rank{r}.pt").exists() for r in range(world))]
+                        if all(self._rank_file(step, r).exists() for r in range(world))]
             if not complete:
                 return None
-            path = self.directory / RANKS / f"step{complete[-1]}" / f"rank{rank}.pt"
+            path = self._rank_file(complete[-1], rank)
         if not path.exists():
             return None
-        saved = torch.load(path, weights_only=False)
-        return int(saved["step"]), saved["state"]
-
+        return self._read(path)
 
     def load_agreed(self, rank: int, world: int) -> tuple[int, dict] | None:
         """Rank `rank`'s own checkpoint of the last step every rank of the default group holds (each sees only its
         own files), or None when they hold none in common; every rank must call it."""
         import torch.distributed as dist
 
-        mine = [step for step in self._steps() if (self.directory / RANKS / f"step{step}" / f"rank{rank}.pt").exists()]
+        mine = [step for step in self._steps() if self._rank_file(step, rank).exists()]
         held: list[list[int] | None] = [None] * world
         dist.all_gather_object(held, mine)
         common = set(mine).intersection(*(set(steps or []) for steps in held))
         if not common:
             return None
-        saved = torch.load(self.directory / RANKS / f"step{max(common)}" / f"rank{rank}.pt", weights_only=False)
-        return int(saved["step"]), saved["state"]
+        return self._read(self._rank_file(max(common), rank))
 
 
 def checkpointing_from_env() -> Checkpointing | None:

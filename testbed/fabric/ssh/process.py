@@ -17,7 +17,7 @@ import threading
 from typing import IO, Any
 
 from testbed.agents import bootstrap
-from testbed.fabric.process import PopenLike
+from testbed.fabric.process import PopenLike, signal_group_line
 from testbed.fabric.ssh.connection import Connection, RemoteError
 
 
@@ -115,6 +115,4 @@ class RemoteProcess(PopenLike):
         connection's kept-open shell (no new SSH session: 0.1-0.5 s each)."""
         if self.poll() is not None:
             return
-        name = shlex.quote(signal_name)
-        self.connection.script([f"kill -s {name} -- -{self.pid} 2>/dev/null || kill -s {name} {self.pid} 2>/dev/null "
-                                "|| true"])
+        self.connection.script([signal_group_line(signal_name, self.pid)])
