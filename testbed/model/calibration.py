@@ -27,6 +27,7 @@ from testbed.model.collectives import (
     gloo_all_gather,
     gloo_all_reduce,
     gloo_reduce_scatter,
+    notify,
     transfer,
 )
 from testbed.model.network import Network, build_network
@@ -122,11 +123,16 @@ def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> 
     out = []
     for (op, group, nbytes, concurrency, mode, rep, pair), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
         items = [r for r in items if r["rank"] in r.get("ranks", [r["rank"]])] or items  # p2p: its two ranks
-        out.append({"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
-                    "pair": pair, "late_s": items[0].get("late_s"),
-                    "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
-                    else max(r["end"] - r["start"] for r in items),
-                    "ranks": len(items)})
+        sample = {"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
+                  "pair": pair, "late_s": items[0].get("late_s"),
+                  "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
+                  else max(r["end"] - r["start"] for r in items),
+                  "ranks": len(items)}
+        if shared_clock:  # where it ran on the benchmark's clock: the gaps between operations are measured
+            sample.update(start=max(r["start"] for r in items), end=max(r["end"] for r in items))
+            if all("synced" in r for r in items):
+                sample["synced"] = max(r["synced"] for r in items)
+        out.append(sample)
     return out
 
 
@@ -144,9 +150,9 @@ def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
 
 def _predict_pair(network: Network, transport: Transport, sample: dict[str, Any],
                   idle: float = 0.5) -> tuple[float, float]:
-    """(cold, warm) seconds of one measured operation as the benchmark runs it: its connections were last used
-    by the previous operation of the same kind (primed here), then idle for `idle` s before the cold run; the
-    warm run follows straight after on the same connections."""
+    """(cold, warm) seconds of one measured operation where the benchmark's clock is unknown (hosts of their
+    own): its connections were last used by the previous operation of the same kind (primed here), then idle
+    for `idle` s before the cold run; the warm run follows straight after on the same connections."""
     sim = Sim(network, transport, Connections(transport))
     clock = _one(sim, sample, 0.0) + idle
     out = []
@@ -157,6 +163,8 @@ def _predict_pair(network: Network, transport: Transport, sample: dict[str, Any]
 
 
 def _one(sim: Sim, sample: dict[str, Any], start: float) -> float:
+    """When one benchmark operation started at `start` ends; on the connections of its process group (the
+    default group's for send/recv, one group for a DC's reduce-scatter and all-gather), as the benchmark ran it."""
     net = sim.network
     op, group, nbytes = sample["op"], sample["group"], int(sample["bytes"])
     n = min(net.sizes)
@@ -169,20 +177,57 @@ def _one(sim: Sim, sample: dict[str, Any], start: float) -> float:
         ends = [gloo_all_reduce(sim, net.inter_groups()[0], piece, start, ("lane", i), flows=n * c) for i in range(c)]
         return max(ends)
     if op == "reduce_scatter":
-        return gloo_reduce_scatter(sim, dc0, nbytes, start, "rs")
+        return gloo_reduce_scatter(sim, dc0, nbytes, start, "intra")
     if op == "all_gather":
-        return gloo_all_gather(sim, dc0, nbytes, start, "ag")
+        return gloo_all_gather(sim, dc0, nbytes, start, "intra")
     if op in ("send_recv", "send_recv_late"):
         pair = int(sample.get("pair", 0))
         src, dst = net.dc_start(pair), net.dc_start(pair + 1)
         posted = start + (float(sample.get("late_s", 0.05)) if op == "send_recv_late" else 0.0)
-        leave, arrival = transfer(sim, src, dst, nbytes, start, posted, ("p2p", pair))
-        _, back = transfer(sim, dst, src, 4, arrival, leave, ("p2p", pair))
+        leave, arrival = transfer(sim, src, dst, nbytes, start, posted, "world")
+        _, back = transfer(sim, dst, src, 4, arrival, leave, "world")
         return back
     raise ValueError(f"unknown benchmark operation {op}/{group}")
 
 
+def _predict_timeline(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> list[float]:
+    """Seconds of every operation, simulated in the order the benchmark ran them on one set of connections,
+    each after the idle gap measured before it: a connection's window is what the operations before it left
+    (TCP restarts it after an idle period longer than its retransmission timeout)."""
+    sim = Sim(network, transport, Connections(transport))
+    out = [0.0] * len(samples)
+    clock, previous_end = 0.0, None
+    control = _control_pairs(network.world)
+    for index in sorted(range(len(samples)), key=lambda i: samples[i]["start"]):
+        sample = samples[index]
+        if previous_end is not None:
+            gap = max(0.0, sample["start"] - previous_end)
+            synced = clock + max(0.0, gap - max(0.0, sample["start"] - sample.get("synced", previous_end)))
+            for src, dst in control:  # the barrier's and the start broadcast's messages, before the idle gap
+                notify(sim, "world", src, dst, synced)
+            clock += gap
+        end = _one(sim, sample, clock)
+        out[index], clock, previous_end = end - clock, end, sample["end"]
+    return out
+
+
+def _control_pairs(world: int) -> list[tuple[int, int]]:
+    """(sender, receiver) of the messages the benchmark itself sends on the default group before each operation:
+    gloo's dissemination barrier (rank r -> r + 2^k) and its binomial-tree broadcast of the start from rank 0."""
+    pairs = {(r, (r + d) % world) for d in (2 ** k for k in range(max(1, world).bit_length())) if d < world
+             for r in range(world)}
+    mask = 1
+    while mask < world:
+        mask <<= 1
+    while mask > 1:
+        mask >>= 1
+        pairs |= {(r, r + mask) for r in range(0, world, 2 * mask) if r + mask < world}
+    return sorted(pairs)
+
+
 def predict_samples(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> list[float]:
+    if samples and all("start" in sample for sample in samples):
+        return _predict_timeline(network, transport, samples)
     cache: dict[tuple, tuple[float, float]] = {}
     out = []
     for sample in samples:

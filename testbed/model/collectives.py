@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from testbed.model.network import Network
-from testbed.model.transport import Connections, Edge, Transport, send_time
+from testbed.model.transport import Connections, Edge, Transport, restart_window, send_time
 
 
 def ring_all_reduce_factor(g: int) -> float:
@@ -148,9 +148,12 @@ def gloo_all_gather(sim: Sim, ranks: list[int], nbytes: int, start: float, key: 
 
 
 def notify(sim: Sim, key: object, src: int, dst: int, when: float) -> None:
-    """A control message (gloo's "recv ready") sent from src to dst at `when`: TCP counts it as sending, so the
-    connection src -> dst is not idle (no window restart) after it."""
+    """A control message (gloo's "recv ready") sent from src to dst at `when`: TCP counts it as sending, so it
+    restarts the window of an idle connection src -> dst as a payload would, and the connection is not idle
+    after it."""
     conn = sim.connections.get((key, src, dst))
+    if conn.last is not None and when > conn.last:
+        restart_window(sim.transport, conn, when, sim.edge(src, dst).rtt)
     conn.last = when if conn.last is None else max(conn.last, when)
 
 

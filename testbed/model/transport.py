@@ -125,8 +125,10 @@ def restart_window(transport: Transport, conn: Connection, now: float, rtt: floa
 
 def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge, now: float) -> float:
     """Seconds from the first to the last byte of `nbytes` leaving on `conn` (arrival: add edge.latency).
-    Slow start: each round sends a window and waits a round trip for its acknowledgements, doubling the
-    window while it is filled, until the window covers the bandwidth-delay product."""
+    Slow start: each round sends a window and waits a round trip for its acknowledgements, the window growing
+    by what they acknowledge (doubling while it is filled), until it covers the bandwidth-delay product. Linux
+    grows it as long as at least half of it is in flight (tcp_is_cwnd_limited), so a send of half a window or
+    more grows it by its size."""
     if nbytes <= 0:
         return 0.0
     if not edge.shaped:
@@ -135,7 +137,7 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
         return nbytes / edge.rate
     restart_window(transport, conn, now, edge.rtt)
     bdp = edge.rate * edge.rtt
-    left, elapsed, window = float(nbytes), 0.0, conn.cwnd
+    left, elapsed, window, rounds = float(nbytes), 0.0, conn.cwnd, 0
     while left > 0:
         if window >= bdp:
             elapsed += left / edge.rate
@@ -144,9 +146,10 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
         left -= burst
         if left <= 0:
             elapsed += burst / edge.rate
-            if burst >= window:
-                window = min(2 * window, transport.max_window)
+            if 2 * burst >= window or rounds:  # after a filled round Linux still counts it limited (latched)
+                window = min(window + burst, transport.max_window)
             break
+        rounds += 1
         elapsed += max(edge.rtt, burst / edge.rate)
         window = min(2 * window, transport.max_window)
     conn.cwnd = window

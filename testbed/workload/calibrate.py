@@ -2,10 +2,12 @@
 
 What the cost model (testbed.model) needs measured rather than assumed: how long this transport's collectives
 and point-to-point transfers take over the real links, at a few sizes, after an idle gap (as between training
-steps: TCP restarts its window after an idle period) and back to back; and how long one micro-batch's forward
-and backward take while every rank computes at once. One JSON line per rank and measurement goes to
+steps: TCP restarts its window after an idle period) and again straight after (warm); and how long one
+micro-batch's forward and backward take while every rank computes at once. Every rank starts a measured
+operation at one agreed instant. One JSON line per rank and measurement goes to
 $TESTBED_METRICS_DIR/calib<r>.jsonl; times are CLOCK_MONOTONIC (shared by every namespace of one host), so the
-fit can take an operation from the moment the last rank entered it to the moment the last rank left.
+fit can take an operation from its start to the moment the last rank left, and the gaps between operations
+(which decide TCP's idle restarts) from the records.
 """
 
 from __future__ import annotations
@@ -21,12 +23,44 @@ from typing import Any
 
 DEFAULT_SIZES = (4096, 262144, 2097152, 8388608)
 LATE_S = 0.05  # how late the receive of a "late" send/recv is posted
+MAX_MARGIN_S = 0.1  # most time between choosing a common start and the start (see _start_margin)
 
 
 def _records_file(rank: int) -> Path:
     directory = Path(os.environ.get("TESTBED_METRICS_DIR", "."))
     directory.mkdir(parents=True, exist_ok=True)
     return directory / f"calib{rank}.jsonl"
+
+
+def _start_margin(dist: Any) -> float:
+    """Seconds rank 0 leaves between choosing a common start and the start: time for the broadcast that tells
+    every rank (1.5 x the slowest of three barriers, which cross the same links in more rounds), at most 0.1 s
+    so that a warm measurement's connections, idle for a barrier and this, mostly stay below TCP's idle restart
+    (its retransmission timeout is at least 0.2 s; the model takes the gaps as measured either way)."""
+    spans = []
+    for _ in range(3):
+        begin = time.monotonic()
+        dist.barrier()
+        spans.append(time.monotonic() - begin)
+    return min(MAX_MARGIN_S, max(0.01, 1.5 * max(spans)))
+
+
+def _aligned_start(dist: Any, rank: int, ahead: float) -> tuple[float, float]:
+    """Every rank starts the measured operation at one instant (on the wall clock: one host's namespaces share
+    it, separate hosts keep it within NTP's error): rank 0 broadcasts when, `ahead` s from now, and each rank
+    sleeps until then. Leaving a barrier, ranks differ by up to a one-way latency, which would otherwise be
+    counted in (or out of) the operation. Returns this rank's CLOCK_MONOTONIC when the broadcast ended (the
+    benchmark's last message on the default group's connections before the operation) and at its start (later
+    than the common instant if the broadcast came too late)."""
+    import torch
+
+    when = torch.tensor([time.time() + ahead if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(when, 0)
+    synced = time.monotonic()
+    wait = float(when[0]) - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    return synced, time.monotonic()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,79 +95,82 @@ def main(argv: list[str] | None = None) -> int:
     record(event="start", dc_sizes=list(layout.dc_sizes), world=layout.world, lanes=args.lanes,
            inter_ranks=groups.inter_ranks, intra_ranks=groups.intra_ranks, sizes=sizes)
 
+    margin = _start_margin(dist)  # every rank takes part in its barriers; rank 0's is the one used
+
     def timed(op: str, nbytes: int, rep: int, mode: str, fn, **extra) -> None:
         dist.barrier()
-        if mode == "cold":
-            time.sleep(args.idle_s)
-        start = time.monotonic()
+        synced, start = _aligned_start(dist, layout.rank, (args.idle_s if mode == "cold" else 0.0) + margin)
         fn()
         end = time.monotonic()
-        record(event="op", op=op, bytes=nbytes, rep=rep, mode=mode, start=start, end=end, **extra)
+        record(event="op", op=op, bytes=nbytes, rep=rep, mode=mode, start=start, end=end, synced=synced, **extra)
+
+    def measure(op: str, nbytes: int, fn, **extra) -> None:
+        """An operation cold (after the idle gap) then warm (straight after, on the connections it warmed),
+        `reps` times: each measurement follows the one before it, as the model simulates them."""
+        for rep in range(args.reps):
+            for mode in ("cold", "warm"):
+                timed(op, nbytes, rep, mode, fn, **extra)
 
     world_ranks = list(range(layout.world))
     for nbytes in sizes:
         n = max(1, nbytes // 4)
-        for rep in range(args.reps):
-            for mode in ("cold", "warm"):
-                flat = torch.ones(n)
-                timed("all_reduce", nbytes, rep, mode, lambda flat=flat: dist.all_reduce(flat), group="world",
-                      ranks=world_ranks)
-                if layout.num_dcs > 1 and len(groups.inter_ranks) > 1:
-                    one = torch.ones(n)
-                    timed("all_reduce", nbytes, rep, mode, lambda one=one: dist.all_reduce(one, group=groups.inter),
-                          group="inter", ranks=groups.inter_ranks, concurrency=1)
-                    lanes = len(groups.lanes)
-                    if lanes > 1:
-                        pieces = list(torch.ones(max(lanes, n)).chunk(lanes))
+        flat = torch.ones(n)
+        measure("all_reduce", nbytes, lambda flat=flat: dist.all_reduce(flat), group="world", ranks=world_ranks)
+        if layout.num_dcs > 1 and len(groups.inter_ranks) > 1:
+            one = torch.ones(n)
+            measure("all_reduce", nbytes, lambda one=one: dist.all_reduce(one, group=groups.inter),
+                    group="inter", ranks=groups.inter_ranks, concurrency=1)
+            lanes = len(groups.lanes)
+            if lanes > 1:
+                pieces = list(torch.ones(max(lanes, n)).chunk(lanes))
 
-                        def concurrent(pieces: list = pieces) -> None:
-                            works = [dist.all_reduce(piece, group=lane, async_op=True)
-                                     for piece, lane in zip(pieces, groups.lanes)]
-                            for work in works:
-                                work.wait()
+                def concurrent(pieces: list = pieces) -> None:
+                    works = [dist.all_reduce(piece, group=lane, async_op=True)
+                             for piece, lane in zip(pieces, groups.lanes)]
+                    for work in works:
+                        work.wait()
 
-                        timed("all_reduce", nbytes, rep, mode, concurrent, group="inter", ranks=groups.inter_ranks,
-                              concurrency=lanes)
-                if len(groups.intra_ranks) > 1:
-                    g = len(groups.intra_ranks)
-                    full = torch.ones(max(g, n - n % g))
-                    shard = torch.empty(full.numel() // g)
-                    timed("reduce_scatter", full.numel() * 4, rep, mode,
-                          lambda shard=shard, full=full, g=g: dist.reduce_scatter(shard, list(full.chunk(g)),
-                                                                                   group=groups.intra),
-                          group="intra", ranks=groups.intra_ranks)
-                    gathered = torch.empty(full.numel())
-                    timed("all_gather", shard.numel() * 4, rep, mode,
-                          lambda gathered=gathered, shard=shard: dist.all_gather_into_tensor(gathered, shard,
-                                                                                           group=groups.intra),
-                          group="intra", ranks=groups.intra_ranks)
-                for dc in range(layout.num_dcs - 1):  # stage boundaries of a pipeline: DC d -> DC d + 1
-                    src, dst = layout.dc_start(dc), layout.dc_start(dc + 1)
-                    payload = torch.ones(n)
-                    ack = torch.zeros(1)
+                measure("all_reduce", nbytes, concurrent, group="inter", ranks=groups.inter_ranks,
+                        concurrency=lanes)
+        if len(groups.intra_ranks) > 1:
+            g = len(groups.intra_ranks)
+            full = torch.ones(max(g, n - n % g))
+            shard = torch.empty(full.numel() // g)
+            measure("reduce_scatter", full.numel() * 4,
+                    lambda shard=shard, full=full, g=g: dist.reduce_scatter(shard, list(full.chunk(g)),
+                                                                             group=groups.intra),
+                    group="intra", ranks=groups.intra_ranks)
+            gathered = torch.empty(full.numel())
+            measure("all_gather", shard.numel() * 4,
+                    lambda gathered=gathered, shard=shard: dist.all_gather_into_tensor(gathered, shard,
+                                                                                     group=groups.intra),
+                    group="intra", ranks=groups.intra_ranks)
+        for dc in range(layout.num_dcs - 1):  # stage boundaries of a pipeline: DC d -> DC d + 1
+            src, dst = layout.dc_start(dc), layout.dc_start(dc + 1)
+            payload = torch.ones(n)
+            ack = torch.zeros(1)
 
-                    def exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
-                        if layout.rank == src:
-                            dist.send(payload, dst)
-                            dist.recv(ack, dst)
-                        elif layout.rank == dst:
-                            dist.recv(payload, src)
-                            dist.send(ack, src)
+            def exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
+                if layout.rank == src:
+                    dist.send(payload, dst)
+                    dist.recv(ack, dst)
+                elif layout.rank == dst:
+                    dist.recv(payload, src)
+                    dist.send(ack, src)
 
-                    timed("send_recv", nbytes, rep, mode, exchange, group="p2p", ranks=[src, dst], pair=dc)
+            measure("send_recv", nbytes, exchange, group="p2p", ranks=[src, dst], pair=dc)
 
-                    def late_exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
-                        # the receive posted after the send (a pipeline's pattern)
-                        if layout.rank == src:
-                            dist.send(payload, dst)
-                            dist.recv(ack, dst)
-                        elif layout.rank == dst:
-                            time.sleep(LATE_S)
-                            dist.recv(payload, src)
-                            dist.send(ack, src)
+            def late_exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
+                # the receive posted after the send (a pipeline's pattern)
+                if layout.rank == src:
+                    dist.send(payload, dst)
+                    dist.recv(ack, dst)
+                elif layout.rank == dst:
+                    time.sleep(LATE_S)
+                    dist.recv(payload, src)
+                    dist.send(ack, src)
 
-                    timed("send_recv_late", nbytes, rep, mode, late_exchange, group="p2p", ranks=[src, dst], pair=dc,
-                          late_s=LATE_S)
+            measure("send_recv_late", nbytes, late_exchange, group="p2p", ranks=[src, dst], pair=dc, late_s=LATE_S)
 
     if args.preset:
         import dataclasses

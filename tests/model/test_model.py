@@ -229,6 +229,73 @@ def test_fit_on_recorded_measurements():
     assert 0.3 <= calibration.transport.efficiency <= 1.0
 
 
+def test_fit_on_recorded_measurements_over_a_long_link_explains_each_operation_in_its_order():
+    """Measured here 2026-11-25 (2 DCs x 2 nodes, 20 ms one way, 1 Gbit/s, CUBIC, userspace delay line; every
+    operation started at one agreed instant, cold then warm): simulated in the benchmark's order with its
+    measured gaps, the window each operation finds is what the ones before it left. The inter-DC operations
+    (tens to hundreds of milliseconds, one to ten round trips) are each explained within 35 %, send/recv
+    within 10 %; the fit's median stays under 8 % (5.0 % when recorded)."""
+    measured = json.loads((DATA / "measured-2x2-20ms-cubic.json").read_text())
+    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
+                                   "links": [{"between": ["east", "west"], "latency": "20ms", "bandwidth": "1gbit"}]})
+    calibration = fit(topology, measured)
+    assert calibration.fit["median_abs_error"] < 0.08
+    inter = [s for s in calibration.samples if s["group"] in ("world", "inter", "p2p")]
+    assert len(inter) == 40
+    for sample in inter:
+        limit = 0.10 if sample["group"] == "p2p" else 0.35
+        assert abs(sample["predicted"] / sample["seconds"] - 1) < limit, sample
+
+
+def test_a_send_of_half_a_window_or_more_grows_it_and_a_filled_round_latches_it():
+    t = dataclasses.replace(IDEAL, max_window=1e12)
+    edge = Edge(latency=0.02, rate=125e6, rtt=0.04)
+    conn = Connection(cwnd=t.initial_window * t.mss)  # 14 480 bytes
+    send_time(t, conn, 65536, edge, 0.0)  # rounds of 14 480 and 28 960, then 22 096 (latched: grows)
+    assert conn.cwnd == 57920 + 22096
+    small = Connection(cwnd=57920)
+    send_time(t, small, 20000, edge, 0.0)  # under half the window in flight: not limited by it, no growth
+    assert small.cwnd == 57920
+    send_time(t, small, 30000, edge, 0.01)
+    assert small.cwnd == 57920 + 30000
+
+
+def test_a_note_after_an_idle_period_restarts_the_window_as_a_payload_would():
+    from testbed.model.collectives import notify
+
+    _, net = two_dc(1, 0.02, 1e9)
+    sim = Sim(net, IDEAL)
+    conn = sim.connections.get(("k", 0, 1))
+    conn.cwnd, conn.last = 8 * 14480, 0.0
+    rto = IDEAL.rto_min + sim.edge(0, 1).rtt
+    notify(sim, "k", 0, 1, 2.5 * rto)  # idle for two retransmission timeouts and a half: halved twice
+    assert conn.cwnd == 2 * 14480 and conn.last == 2.5 * rto
+    notify(sim, "k", 0, 1, 2.5 * rto + 0.05)  # not idle: unchanged
+    assert conn.cwnd == 2 * 14480
+
+
+def test_the_benchmark_is_simulated_in_its_order_with_its_gaps():
+    """The same send/recv, cold then warm: warm finds the window the cold one grew, unless the measured gap
+    before it outlasts TCP's retransmission timeout; and the benchmark's own barrier and start broadcast touch
+    the default group's connections where the records say they ended."""
+    from testbed.model.calibration import _control_pairs
+
+    assert _control_pairs(4) == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 0), (2, 3), (3, 0), (3, 1)]
+    _, net = two_dc(1, 0.02, 1e9)
+    t = dataclasses.replace(IDEAL, local_latency=0.0)
+
+    def run(gap: float) -> list[float]:
+        samples = [{"op": "send_recv", "group": "p2p", "bytes": 65536, "concurrency": 1, "mode": mode, "rep": 0,
+                    "pair": 0, "start": start, "end": start + 0.15, "synced": start - 0.01}
+                   for mode, start in (("cold", 0.0), ("warm", 0.15 + gap))]
+        return predict_samples(net, t, samples)
+
+    cold, warm = run(0.05)
+    assert cold == pytest.approx(3 * 0.02 + 2 * 0.04, abs=2e-3)  # note, payload and ack; two extra round trips
+    assert warm == pytest.approx(3 * 0.02, abs=2e-3)  # the grown window: none
+    assert run(2.0)[1] == pytest.approx(cold, abs=2e-3)  # idle long enough: back to the initial window
+
+
 # --- plan and what-if ------------------------------------------------------------------------------------------------
 
 def test_plan_json_has_every_cell_of_the_run_and_the_best_per_point():

@@ -208,3 +208,31 @@ def test_the_cost_model_buckets_gradients_as_ddp_and_units_as_fsdp2():
             assert shapes.ddp_buckets(cfg, cap_mb) == [sum(params[i].numel() for i in bucket) for bucket in indices]
         blocks = [sum(p.numel() for p in m.parameters()) for m in model.modules() if isinstance(m, Block)]
         assert shapes.fsdp_units(cfg) == [count_parameters(model) - sum(blocks), *blocks]
+
+
+def test_calibration_ranks_start_at_the_instant_rank_0_broadcasts():
+    """Every rank sleeps until the wall-clock instant rank 0 chose and broadcast (ranks leave a barrier up to a
+    one-way latency apart); a rank that hears of it too late starts at once; the margin stays under TCP's idle
+    restart (0.2 s)."""
+    import time
+
+    from testbed.workload import calibrate
+
+    class Dist:
+        def __init__(self, when: float | None = None, barrier_s: float = 0.0) -> None:
+            self.when, self.barrier_s = when, barrier_s
+
+        def broadcast(self, tensor, src: int) -> None:
+            if self.when is not None:
+                tensor[0] = self.when
+
+        def barrier(self) -> None:
+            time.sleep(self.barrier_s)
+
+    begin = time.time()
+    synced, start = calibrate._aligned_start(Dist(), 0, 0.05)
+    assert time.time() - begin >= 0.05 and start - synced >= 0.045
+    synced, start = calibrate._aligned_start(Dist(when=time.time() - 1.0), 1, 0.0)  # too late: at once
+    assert start - synced < 0.01
+    assert calibrate._start_margin(Dist(barrier_s=0.02)) == pytest.approx(0.03, abs=0.02)
+    assert calibrate._start_margin(Dist(barrier_s=0.2)) == calibrate.MAX_MARGIN_S < 0.2
