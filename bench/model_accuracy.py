@@ -5,6 +5,7 @@ best; the error table (median and p90 of |predicted/measured - 1| per experiment
     .venv/bin/python bench/model_accuracy.py results/quickstart/<run> results/hierarchical-vs-flat/<run> ...
     .venv/bin/python bench/model_accuracy.py --run            # run every shipped experiment first (long; as root,
                                                               # under flock /tmp/testbed-heavy.lock)
+    .venv/bin/python bench/model_accuracy.py --run --tcp cubic   # ... with every node on CUBIC
 
 Each run is predicted again with the current model from its own calibration (real compute: from each cell's
 warm-up steps; --a-priori: from the calibration's profile alone, as `testbed plan` predicts before running) (re-fitted from the raw
@@ -94,14 +95,34 @@ def error_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_shipped(out: Path) -> list[Path]:
+def with_congestion_control(name: str, congestion_control: str, directory: Path) -> Path:
+    """A copy of shipped experiment `name` whose topology (inlined) has every node run `congestion_control`."""
+    import yaml
+
+    source = ROOT / "experiments" / f"{name}.yaml"
+    data = yaml.safe_load(source.read_text())
+    topology = data["topology"]
+    if isinstance(topology, str):
+        topology = yaml.safe_load((source.parent / topology).read_text())
+    data["topology"] = {**topology, "tcp": {"congestion_control": congestion_control}}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_shipped(out: Path, congestion_control: str | None = None) -> list[Path]:
+    import tempfile
+
     dirs = []
-    for name in SHIPPED:
-        subprocess.run([sys.executable, "-m", "testbed.cli", "run", f"experiments/{name}.yaml", "--out", str(out)],
-                       cwd=ROOT, check=False)
-        runs = sorted(p for p in (out / name).glob("*") if (p / "manifest.json").exists())
-        if runs:
-            dirs.append(runs[-1])
+    with tempfile.TemporaryDirectory(prefix="model-accuracy-") as scratch:
+        for name in SHIPPED:
+            path = (with_congestion_control(name, congestion_control, Path(scratch)) if congestion_control
+                    else ROOT / "experiments" / f"{name}.yaml")
+            subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(out)],
+                           cwd=ROOT, check=False)
+            runs = sorted(p for p in (out / name).glob("*") if (p / "manifest.json").exists())
+            if runs:
+                dirs.append(runs[-1])
     return dirs
 
 
@@ -110,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (results/<experiment>/<run>)")
     parser.add_argument("--run", action="store_true", help="run the shipped experiments first")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--tcp", metavar="CC", help="with --run: every node runs this congestion control (the "
+                        "model's slow start is CUBIC's and Reno's; a host running BBR must allow cubic first)")
     parser.add_argument("--no-refit", action="store_true", help="use each run's calibration.json as it is")
     parser.add_argument("--csv", type=Path, help="write every cell's figures here")
     parser.add_argument("--a-priori", action="store_true", help="real compute from the calibration's profile only, "
@@ -119,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         import testbed.model.predict as predict
 
         predict.warmup_local = lambda *_: None
-    runs = list(args.runs) + (run_shipped(args.out) if args.run else [])
+    runs = list(args.runs) + (run_shipped(args.out, args.tcp) if args.run else [])
     if not runs:
         parser.error("give run directories, or --run")
     frames = []
