@@ -191,13 +191,23 @@ def model_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def model_lines(summary: pd.DataFrame) -> list[str]:
-    """What the model says: its error over the shaped cells, and where the time goes in the slowest cell."""
+SIMULATED_CONGESTION_CONTROL = ("cubic", "reno")  # whose slow start testbed.model.transport simulates
+
+
+def model_lines(summary: pd.DataFrame, tcp: dict | None = None) -> list[str]:
+    """What the model says: its error over the shaped cells, where the time goes in the slowest cell, and
+    whether the nodes ran a congestion control the model does not simulate (`tcp`: the manifest's)."""
     if "step_error" not in summary or summary["step_error"].dropna().empty:
         return []
+    congestion_control = (tcp or {}).get("tcp_congestion_control")
+    caveat = ([f"The nodes ran TCP **{congestion_control}**: the model simulates the slow start of "
+               f"{' and '.join(SIMULATED_CONGESTION_CONTROL)}, so transfers that start from a small window (a "
+               "pipeline's activations, a collective after an idle step) may take longer than predicted; "
+               "`tcp: {congestion_control: cubic}` in the topology runs what the model simulates."]
+              if congestion_control and congestion_control not in SIMULATED_CONGESTION_CONTROL else [])
     shaped = summary[(summary["status"] == "ok") & ~summary["baseline"].astype(bool)].dropna(subset=["step_error"])
     if shaped.empty:
-        return []
+        return caveat
     errors = shaped["step_error"].abs()
     lines = [f"Cost model: the mean step of the {len(shaped)} shaped cells was predicted within a median of "
              f"{errors.median():.1%} (p90 {errors.quantile(0.9):.1%}, worst {errors.max():.1%} in "
@@ -206,7 +216,7 @@ def model_lines(summary: pd.DataFrame) -> list[str]:
     if isinstance(slowest.get("model_explain"), str) and slowest["model_explain"]:
         lines.append(f"The model on the slowest cell, `{slowest['cell']}` ({slowest['step_s_mean']:.2f} s per step, "
                      f"predicted {slowest['step_s_predicted']:.2f} s): {slowest['model_explain']}.")
-    return lines
+    return lines + caveat
 
 
 def model_plot(run_dir: Path, summary: pd.DataFrame) -> list[tuple[str, str]]:
@@ -263,7 +273,7 @@ def build_report(run_dir: Path) -> Path:
     images = plots(run_dir, summary, agg, steps) + model_plot(run_dir, summary) + timeline_plot(run_dir, results, steps,
                                                                                                  _plt())
     windows, sdc = fault_windows(results), sdc_table(results)
-    notes = reading(summary, agg) + model_lines(summary)
+    notes = reading(summary, agg) + model_lines(summary, manifest.get("tcp"))
     model = model_table(summary)
     calibration = []
     for result in results:

@@ -78,3 +78,17 @@ def test_a_command_reporting_with_the_helper_gets_tokens_per_s_and_efficiency(tm
     assert "fastest is **command** at 800 tokens/s" in report
     assert "command falls below 90% of the best single-site throughput: 40% (its steps do not report" in report
     assert (run_dir / "plots" / "efficiency.png").exists() and (run_dir / "plots" / "loss.png").exists()
+
+
+def test_the_reading_says_when_the_nodes_ran_a_congestion_control_the_model_does_not_simulate():
+    import pandas as pd
+
+    from testbed.collect.report import model_lines
+
+    summary = pd.DataFrame([{"cell": "a__r0", "status": "ok", "baseline": False, "step_error": 0.2,
+                             "step_s_mean": 1.0, "step_s_predicted": 0.8}])
+    on_bbr = model_lines(summary, {"tcp_congestion_control": "bbr", "tcp_slow_start_after_idle": "1"})
+    assert any("**bbr**" in line and "congestion_control: cubic" in line for line in on_bbr)
+    for tcp in ({"tcp_congestion_control": "cubic"}, {"tcp_congestion_control": "reno"}, {}, None):
+        assert not any("ran TCP" in line for line in model_lines(summary, tcp))
+    assert model_lines(summary, {"tcp_congestion_control": "bbr"})[0].startswith("Cost model:")
