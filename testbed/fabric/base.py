@@ -23,6 +23,7 @@ class Fabric(ABC):
 
     plan: NetworkPlan | None
     link_faults: ClassVar[bool] = False  # whether impair() can drop, delay or throttle a link on demand
+    node_shells: ClassVar[bool] = False  # whether node_script() writes to a shell kept open on each node
 
     @abstractmethod
     def up(self, plan: Any, state: FabricState) -> None:
@@ -60,8 +61,17 @@ class Fabric(ABC):
 
     def prepare_rank_faults(self, nodes: list[str]) -> None:
         """What a first signal to a rank on each of `nodes` would pay once (a session there), paid now: before a
-        fault's clock starts, so that a scheduled kill's applied_at measures the signal itself."""
+        fault's clock starts, so that a scheduled kill's or straggler's applied_at measures the signal itself."""
         return
+
+    def node_script(self, node: str, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
+        """Run shell `lines` (set -e, in a subshell of it) in the shell kept open on `node` (the one
+        prepare_rank_faults opens; opened now if it is not), where no new session is paid: (exit code, stdout and
+        stderr together). What the script starts in the background outlives it; the shell exits when its channel
+        closes. Only where node_shells says so (a backend whose commands start as local forks keeps none)."""
+        from testbed.fabric.errors import NotSupported
+
+        raise NotSupported(f"no shell is kept open on the nodes of {type(self).__name__}")
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """impair() of several directions at once (a partition: both); a backend may change them in parallel."""

@@ -96,10 +96,10 @@ class FaultDriver:
         self._write()
         if any(fault.is_link for fault in self.faults):
             self.testbed.fabric.prepare_link_faults()  # an SSH or docker exec session: most of a first change
-        killed = {fault.rank for fault in self.faults if fault.kind == "kill" and fault.rank is not None}
-        nodes = sorted({self.rank_nodes[rank] for rank in killed if rank < len(self.rank_nodes)})
-        if nodes:
-            self.testbed.fabric.prepare_rank_faults(nodes)  # the same for a kill's signal on its rank's node
+        signalled = {fault.rank for fault in self.faults if fault.kind in ("kill", "straggler") and fault.rank is not None}
+        nodes = sorted({self.rank_nodes[rank] for rank in signalled if rank < len(self.rank_nodes)})
+        if nodes:  # the same for a kill's signal and a straggler's loop on its rank's node
+            self.testbed.fabric.prepare_rank_faults(nodes)
         if self.actions:
             gc.collect()
             gc.freeze()
@@ -112,7 +112,11 @@ class FaultDriver:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         for index in list(self._stragglers):
-            self._end_straggler(index)
+            try:
+                self._end_straggler(index)
+            except Exception as error:  # its node unreachable: the link faults are cleared all the same
+                fault = self.faults[index]
+                self.errors.append(f"{fault.kind} {fault.target_name()} (ending it): {error}")
         for action in self.actions:
             window = self._window(action)
             if action.action == "clear" and window.get("applied_at") is not None and window.get("cleared_at") is None:
@@ -203,7 +207,8 @@ class FaultDriver:
             assert fault.rank is not None and fault.duration is not None and fault.slowdown is not None
             if self.slow_rank is None:
                 raise RuntimeError("this run cannot slow its ranks")
-            # its loop ends by itself when the window is due to clear (from when it was due, not when it started)
+            # its loop ends by itself when the window is due to clear (from when it was due, not when it started);
+            # slow_rank returns once the loop sent its first STOP, so applied_at is no earlier than that
             self._stragglers[action.fault] = (fault.rank, self.slow_rank(fault.rank, fault.slowdown,
                                                                          when + fault.duration))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from testbed.fabric.forkserver import ForkServer
 from testbed.plan.network import NetworkPlan, Node
-from testbed.runner.straggler import Straggler
+from testbed.runner.straggler import ShellStraggler, Straggler, start_straggler
 from testbed.spec.topology import Topology
 
 LOG_TAIL = 12
@@ -191,10 +191,11 @@ class RankGroup:
         else:  # forked here (the leader of its own session, like an exec'd rank), or on another machine
             proc.send_signal(signal.Signals(number).name.removeprefix("SIG"))
 
-    def straggle(self, rank: int, slowdown: float, until: float) -> Straggler:
+    def straggle(self, rank: int, slowdown: float, until: float) -> Straggler | ShellStraggler:
         """Slow rank `rank` `slowdown` times until `until` (seconds since the epoch): stopped and continued by a
-        loop on its node."""
-        return Straggler(self.fabric, self.specs[rank].node.name, self.procs[rank].pid, slowdown, until)
+        loop on its node (started from the node's kept-open shell where the fabric keeps one); returns once the
+        loop sent its first STOP."""
+        return start_straggler(self.fabric, self.specs[rank].node.name, self.procs[rank].pid, slowdown, until)
 
     def close(self) -> None:
         for proc in self.procs:

@@ -188,10 +188,12 @@ def elsewhere(request, prefix, tmp_path) -> Backend:
 PARTITION_AT, PARTITION_S, BURST_S = 3, 1.5, 1.0
 STRAGGLER_AT, STRAGGLER_S, SLOWDOWN = 8.0, 2.0, 4
 KILL_AT, STEPS, CHECKPOINT_EVERY = 100, 110, 10  # a step after the straggler's window (about 65 steps in, here)
-# a straggler's loop starts a command on the rank's node (a docker exec, an SSH channel): 0.08-0.37 s here
-# (2026-11-25), not issue 16's bound for link faults; a kill goes through the node's shell opened ahead, as link
-# faults do through the routers' and hosts'
-RANK_FAULT_BOUND_S, KILL_BOUND_S = 0.5, 0.25
+# a kill, and a straggler's loop, go through the rank's node's shell opened ahead (its container's kept exec, its
+# host's kept SSH shell), as link faults do through the routers' and hosts': issue 16's 0.25 s. Measured here
+# (2026-11-25, three runs each): kills 0.011-0.022 s late; stragglers, whose applied_at is when the loop's first
+# STOP had been sent, docker 0.017-0.026 s, ssh 0.015-0.018 s (docker 0.090-0.136 s, ssh 0.208-0.300 s when the
+# loop started with a new docker exec or SSH channel)
+RANK_FAULT_BOUND_S = 0.25
 
 
 def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewhere, tmp_path):
@@ -220,13 +222,14 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     record = json.loads((cell / "faults.json").read_text())
     assert record["errors"] == [], record
     partition, burst, straggler, kill = record["faults"]
-    assert 0 <= kill["applied_at"] - kill["scheduled_at"] < KILL_BOUND_S, (elsewhere.name, kill)
+    assert 0 <= kill["applied_at"] - kill["scheduled_at"] < RANK_FAULT_BOUND_S, (elsewhere.name, kill)
     print(f"{elsewhere.name}: late by", {e["kind"]: round(e["applied_at"] - e["scheduled_at"], 3)
                                          for e in record["faults"]})  # for the record (pytest -s)
     for entry, seconds in ((partition, PARTITION_S), (burst, BURST_S)):
         assert 0 <= entry["applied_at"] - entry["scheduled_at"] < 0.25, (elsewhere.name, entry)
         assert entry["cleared_at"] - entry["applied_at"] == pytest.approx(seconds, abs=0.25), (elsewhere.name, entry)
-    # the straggler's loop ends by itself when its window is due to clear, however late it started
+    # the straggler's loop, started through the kept shell, has sent its first STOP by applied_at; it ends by
+    # itself when its window is due to clear, however late it started
     assert 0 <= straggler["applied_at"] - STRAGGLER_AT < RANK_FAULT_BOUND_S, (elsewhere.name, straggler)
     assert 0 <= straggler["cleared_at"] - (STRAGGLER_AT + STRAGGLER_S) < 0.25, (elsewhere.name, straggler)
     assert burst["scheduled_at"] == pytest.approx(6.0) and straggler["scheduled_at"] == pytest.approx(STRAGGLER_AT)

@@ -63,6 +63,7 @@ class DockerFabric(Fabric):
     """Containers on one docker engine; the controller keeps its record in the state file like the others."""
 
     link_faults = True  # a fault is a live re-shape by the routers: netem's or the delay line's loss, delay, rate
+    node_shells = True  # each container's kept-open exec shell (signals, a straggler's loop)
 
     def __init__(self, prefix: str, topology: Topology, image: str, adopted: bool = False,
                  on_progress: Callable[[str], None] | None = None, client: Any = None) -> None:
@@ -308,10 +309,18 @@ class DockerFabric(Fabric):
         self.impair_all({key: params})
 
     def prepare_rank_faults(self, nodes: list[str]) -> None:
-        """Open the kept-open shell of every node container in `nodes` (a kill is a `kill` written to it)."""
+        """Open the kept-open shell of every node container in `nodes` (a kill is a `kill` written to it, a
+        straggler's loop is started from it)."""
         with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
             for job in [pool.submit(lambda node: self._shell(node).script(["true"]), node) for node in nodes]:
                 job.result()
+
+    def node_script(self, node: str, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
+        """Run shell `lines` in the kept-open shell of container `node` (one exec, once, not one per script)."""
+        try:
+            return self._shell(node).script(lines, timeout)
+        except ExecError as error:
+            raise FabricError(str(error)) from None
 
     def prepare_link_faults(self) -> None:
         """Open every router's kept-open shell (an exec each, 0.15-0.2 s) before a fault's clock starts."""

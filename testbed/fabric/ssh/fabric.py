@@ -85,6 +85,7 @@ class SshFabric(Fabric):
     """Shaping and processes on inventory hosts; the controller keeps the record of every change."""
 
     link_faults = True  # a fault is a live re-shape: `tc change` on the sending hosts, the receiving delay lines
+    node_shells = True  # each host's kept-open shell (re-shapes, signals, a straggler's loop)
 
     def __init__(self, prefix: str, topology: Topology, inventory: Inventory, inventory_file: Path,
                  known_hosts: Path, accept_new: bool = False, on_progress: Callable[[str], None] | None = None) -> None:
@@ -359,12 +360,22 @@ class SshFabric(Fabric):
         self.impair_all({key: params})
 
     def prepare_rank_faults(self, nodes: list[str]) -> None:
-        """Open the kept-open shell of every host running a rank on `nodes` (a kill is a `kill` written to it)."""
+        """Open the kept-open shell of every host running a rank on `nodes` (a kill is a `kill` written to it, a
+        straggler's loop is started from it)."""
         plan = self._require()
         hosts = {plan.host(node).host.name: plan.host(node).host for node in nodes}
         with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
             for job in [pool.submit(lambda host: self.connect(host).open_shell(), host) for host in hosts.values()]:
                 job.result()
+
+    def node_script(self, node: str, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
+        """Run shell `lines` in the kept-open shell of the host playing `node` (no new SSH session)."""
+        try:
+            host = self._require().host(node).host
+        except KeyError as error:
+            raise FabricError(str(error.args[0])) from None
+        out = self.connect(host).script(lines, timeout)  # a RemoteError (a FabricError) names the host
+        return out.code, out.stdout
 
     def prepare_link_faults(self) -> None:
         """Connect to every host in parallel and open its kept-open shell: an SSH handshake and a new session
