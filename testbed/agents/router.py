@@ -242,9 +242,25 @@ def lateness() -> int:
     return 0
 
 
+def reap_children() -> None:
+    """Reap every child as it exits: as a container's PID 1, processes whose parents are gone (a straggler's loop
+    started in the background by a kept shell, a rank's orphans) become its children, and would stay zombies."""
+    def reap(*_: object) -> None:
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    signal.signal(signal.SIGCHLD, reap)
+
+
 def idle() -> int:
-    """A node container's main process: wait to be stopped (PID 1 must handle SIGTERM itself)."""
+    """A node container's main process: wait to be stopped (PID 1 must handle SIGTERM itself), reaping orphans."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    reap_children()
     while True:
         signal.pause()
 
