@@ -48,7 +48,9 @@ def test_hosts_check_reports_each_host(hosts):
     assert [r["host"] for r in rows] == ["east-0", "west-0"] and all(r["reachable"] for r in rows)
     for row in rows:
         assert row["python"].startswith("3.") and row["torch"].startswith("2.") and row["tc"] != "missing"
-        assert row["netem"] in ("yes", "no") and abs(row["clock_offset_ms"]) < 1000
+        # one machine, one clock: what is left is the estimate's error (read through the kept shell: -1.3 to
+        # +0.5 ms under load; through a new SSH command it was 79-238 ms)
+        assert row["netem"] in ("yes", "no") and abs(row["clock_offset_ms"]) < 20
     table = check(hosts)
     assert "east-0" in table.stdout and "clock offset" in table.stdout
 
