@@ -123,13 +123,13 @@ def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> 
     out = []
     for (op, group, nbytes, concurrency, mode, rep, pair), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
         items = [r for r in items if r["rank"] in r.get("ranks", [r["rank"]])] or items  # p2p: its two ranks
+        start, end = max(r["start"] for r in items), max(r["end"] for r in items)
         sample = {"op": op, "group": group, "bytes": nbytes, "concurrency": concurrency, "mode": mode, "rep": rep,
                   "pair": pair, "late_s": items[0].get("late_s"),
-                  "seconds": max(r["end"] for r in items) - max(r["start"] for r in items) if shared_clock
-                  else max(r["end"] - r["start"] for r in items),
+                  "seconds": end - start if shared_clock else max(r["end"] - r["start"] for r in items),
                   "ranks": len(items)}
         if shared_clock:  # where it ran on the benchmark's clock: the gaps between operations are measured
-            sample.update(start=max(r["start"] for r in items), end=max(r["end"] for r in items))
+            sample.update(start=start, end=end)
             if all("synced" in r for r in items):
                 sample["synced"] = max(r["synced"] for r in items)
         out.append(sample)
@@ -202,9 +202,9 @@ def _predict_timeline(network: Network, transport: Transport, samples: list[dict
         sample = samples[index]
         if previous_end is not None:
             gap = max(0.0, sample["start"] - previous_end)
-            synced = clock + max(0.0, gap - max(0.0, sample["start"] - sample.get("synced", previous_end)))
+            synced = min(gap, max(0.0, sample.get("synced", previous_end) - previous_end))  # into the gap
             for src, dst in control:  # the barrier's and the start broadcast's messages, before the idle gap
-                notify(sim, "world", src, dst, synced)
+                notify(sim, "world", src, dst, clock + synced)
             clock += gap
         end = _one(sim, sample, clock)
         out[index], clock, previous_end = end - clock, end, sample["end"]

@@ -150,27 +150,21 @@ def main(argv: list[str] | None = None) -> int:
             payload = torch.ones(n)
             ack = torch.zeros(1)
 
-            def exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
+            def exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack,
+                         late: float = 0.0) -> None:
+                """A send and its acknowledgement; `late`: the receive posted that long after (a pipeline's pattern)."""
                 if layout.rank == src:
                     dist.send(payload, dst)
                     dist.recv(ack, dst)
                 elif layout.rank == dst:
+                    if late:
+                        time.sleep(late)
                     dist.recv(payload, src)
                     dist.send(ack, src)
 
             measure("send_recv", nbytes, exchange, group="p2p", ranks=[src, dst], pair=dc)
-
-            def late_exchange(src: int = src, dst: int = dst, payload: Any = payload, ack: Any = ack) -> None:
-                # the receive posted after the send (a pipeline's pattern)
-                if layout.rank == src:
-                    dist.send(payload, dst)
-                    dist.recv(ack, dst)
-                elif layout.rank == dst:
-                    time.sleep(LATE_S)
-                    dist.recv(payload, src)
-                    dist.send(ack, src)
-
-            measure("send_recv_late", nbytes, late_exchange, group="p2p", ranks=[src, dst], pair=dc, late_s=LATE_S)
+            measure("send_recv_late", nbytes, lambda exchange=exchange: exchange(late=LATE_S), group="p2p",
+                    ranks=[src, dst], pair=dc, late_s=LATE_S)
 
     if args.preset:
         import dataclasses
