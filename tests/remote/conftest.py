@@ -109,7 +109,11 @@ def start_hosts(testbed: Testbed, tmp_path: Path, dcs: dict[str, list[str]], **h
                           f"PidFile {tmp_path}/sshd-{node}.pid\nAuthorizedKeysFile {tmp_path}/authorized_keys\n"
                           "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                           "StrictModes no\nUsePAM no\nMaxSessions 100\nMaxStartups 100\n"
-                          "Subsystem sftp internal-sftp\n")
+                          "Subsystem sftp internal-sftp\n"
+                          # bash runs ~/.bashrc for a command sent over SSH unless SHLVL says it is nested: the
+                          # test hosts are this machine, whose root ~/.bashrc may be anything (here `pyenv rehash`,
+                          # 0.11 s a command, serialised on a lock file), and not what the tests are about
+                          "SetEnv SHLVL=1\n")
         log = open(tmp_path / f"sshd-{node}.log", "wb")
         procs.append(testbed.fabric.popen(node, [SSHD, "-D", "-e", "-f", str(config)], stdout=log,
                                           stderr=subprocess.STDOUT))
