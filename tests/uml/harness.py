@@ -61,6 +61,10 @@ def kernel_version() -> str:
     return versions[-1]
 
 
+HIDDEN_INSIDE = ("/tmp", "/run", "/dev/shm")  # INIT mounts a fresh tmpfs on each: the host's files there are unseen
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def unavailable_reason() -> str | None:
     """Why UML cannot run here, or None when it can."""
     if inside():
@@ -75,6 +79,10 @@ def unavailable_reason() -> str | None:
         return str(error)
     if os.geteuid() != 0:
         return "needs root (the command inside creates namespaces as the host's root user through hostfs)"
+    hidden = next((d for d in HIDDEN_INSIDE if CHECKOUT == Path(d) or Path(d) in CHECKOUT.parents), None)
+    if hidden:
+        return (f"this checkout ({CHECKOUT}) is under {hidden}, which user-mode Linux covers with a tmpfs of its "
+                "own: clone it elsewhere to run these tests")
     return None
 
 
