@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,12 @@ class CellPrediction:
 def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration: Calibration, *,
                  ranks_per_node: int = 1, warmup_steps: int = 0,
                  rtts: Mapping[tuple[str, str], float] | None = None,
-                 local: tuple[float, float] | None = None) -> CellPrediction:
+                 local: tuple[float, float] | None = None, warm_wall: float | None = None) -> CellPrediction:
     """`cell`: a planned Cell or the `cell` mapping of a result.json. `rtts`: measured (src, dst) round trips.
     `local`: (compute per micro-batch, other seconds per step) measured in the cell's own warm-up steps, which
-    replace the profile for real compute (the CPU the ranks share decides it, not the model alone)."""
+    replace the profile for real compute (the CPU the ranks share decides it, not the model alone);
+    `warm_wall`: those steps' measured step time, from which real compute's per-call overhead is taken
+    (warmup_overhead)."""
     data = cell if isinstance(cell, Mapping) else {"id": cell.id, "strategy": cell.strategy, "options": cell.options,
                                                    "links": cell.links, "sweep": cell.sweep,
                                                    "baseline": cell.baseline}
@@ -80,6 +82,8 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     network = build_network(topology, data["links"], ranks_per_node, rtts)
     compute, overhead = (local if local and not opts.synthetic else (compute_seconds(opts, calibration), 0.0))
     model = CellModel(opts, network, calibration.transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
+    if local and warm_wall and not opts.synthetic:
+        model = warmup_overhead(model, warm_wall)
     prediction = predict(model)
     t = calibration.transport
     steps = max(1, opts.steps)
@@ -102,28 +106,63 @@ def probe_rtts(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:
             if p.get("rtt_p50_ms") is not None and p.get("rtt_configured_ms", 0) > 0}
 
 
-def warmup_local(cell_dir: Path, warmup_steps: int, micro_batches: int) -> tuple[float, float] | None:
-    """(compute per micro-batch, other local seconds per step) of the cell's warm-up steps (the first, which
-    initialises, left out when there are others): per step the slowest rank's compute and the ranks' median
-    other time, then the median over those steps. What this machine's shared CPU gave the cell's own ranks,
-    measured before the steps the figures count."""
-    if warmup_steps < 1:
-        return None
+def _warmup_records(cell_dir: Path, warmup_steps: int) -> list[dict]:
+    """Every rank's step records of the warm-up steps the model learns from: the first, which initialises, left
+    out when there are others."""
     first = 1 if warmup_steps > 1 else 0
+    return [record for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")) for record in read_records(path)
+            if record.get("event") == "step" and first <= record.get("step") < warmup_steps]
+
+
+def warmup_local(cell_dir: Path, warmup_steps: int, micro_batches: int) -> tuple[float, float] | None:
+    """(compute per micro-batch, other local seconds per step) of the cell's warm-up steps (_warmup_records):
+    per step the slowest rank's compute and the ranks' median other time, then the median over those steps.
+    What this machine's shared CPU gave the cell's own ranks, measured before the steps the figures count."""
     compute: dict[int, list[float]] = {}
     other: dict[int, list[float]] = {}
-    for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
-        for record in read_records(path):
-            step = record.get("step")
-            if record.get("event") == "step" and first <= step < warmup_steps:
-                compute.setdefault(step, []).append(record["compute_s"])
-                other.setdefault(step, []).append(max(0.0, record["wall_s"] - record["compute_s"] - record["exposed_s"]
-                                                      - record.get("bubble_s", 0.0)))
+    for record in _warmup_records(cell_dir, warmup_steps):
+        step = record["step"]
+        compute.setdefault(step, []).append(record["compute_s"])
+        other.setdefault(step, []).append(max(0.0, record["wall_s"] - record["compute_s"] - record["exposed_s"]
+                                              - record.get("bubble_s", 0.0)))
     if not compute:
         return None
     per_step = sorted(max(values) for values in compute.values())
     others = sorted(sorted(values)[len(values) // 2] for values in other.values())
     return per_step[len(per_step) // 2] / max(1, micro_batches), others[len(others) // 2]
+
+
+CONTENTION = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)  # multiples of the calibrated per-call overhead tried
+
+
+def warmup_overhead(model: CellModel, warm_wall: float) -> CellModel:
+    """The model with the per-call overhead of its collectives as the cell's own warm-up steps saw it: the
+    multiple of the calibrated overhead (CONTENTION) whose simulated warm-up steps come closest to `warm_wall`.
+    The calibration measures calls with the ranks otherwise idle; with real compute the ranks' own threads
+    (backward, the overlap's launch, gather and lane threads) share this machine's cores with them, and no more
+    contention than the calibration's is assumed, only found. The same steps give the compute (warmup_local)."""
+    if model.warmup_steps < 1:
+        return model
+    first = 1 if model.warmup_steps > 1 else 0  # as _warmup_records
+    warm = replace(model, opts=replace(model.opts, steps=model.warmup_steps), warmup_steps=first)
+    base = model.transport.op_overhead
+
+    def miss(factor: float) -> float:
+        fitted = replace(warm, transport=model.transport.with_fit(op_overhead=base * factor))
+        return abs(predict(fitted).step_s - warm_wall)
+
+    best = min(CONTENTION, key=miss)
+    return replace(model, transport=model.transport.with_fit(op_overhead=base * best))
+
+
+def warmup_wall(cell_dir: Path, warmup_steps: int) -> float | None:
+    """The measured step time of the cell's warm-up steps (_warmup_records): per step the slowest rank's wall,
+    then the median over those steps."""
+    walls: dict[int, float] = {}
+    for record in _warmup_records(cell_dir, warmup_steps):
+        walls[record["step"]] = max(walls.get(record["step"], 0.0), record["wall_s"])
+    values = sorted(walls.values())
+    return values[len(values) // 2] if values else None
 
 
 def run_calibration(run_dir: Path) -> Calibration | None:
@@ -148,9 +187,10 @@ def predict_run(run_dir: Path, results: list[dict], calibration: Calibration | N
             continue  # a user's own command: nothing to predict
         warmup = manifest.get("warmup_steps", 0)
         local = warmup_local(run_dir / "cells" / cell["id"], warmup, cell["options"].get("micro_batches", 1))
+        wall = warmup_wall(run_dir / "cells" / cell["id"], warmup) if local else None
         try:
             out.append(predict_cell(topology, cell, calibration, ranks_per_node=result.get("ranks_per_node", 1),
-                                    warmup_steps=warmup, rtts=probe_rtts(result), local=local))
+                                    warmup_steps=warmup, rtts=probe_rtts(result), local=local, warm_wall=wall))
         except (NoComputeProfile, KeyError):
             continue
     return out

@@ -26,7 +26,7 @@ from testbed.model.collectives import (
     transfer,
 )
 from testbed.model.network import build_network
-from testbed.model.predict import predict_cell
+from testbed.model.predict import predict_cell, warmup_overhead
 from testbed.model.strategies import PREDICTORS, CellModel, _all_reduce_bytes, pipeline
 from testbed.model.transport import Connection, Edge, Transport, send_time
 from testbed.plan.cells import plan_cells
@@ -144,6 +144,25 @@ def test_async_diloco_hides_its_outer_sync_until_it_is_too_stale():
     assert hidden.step_s < plain.step_s and hidden.step_s < 1.1 * inner.step_s
     waited = predicted("async-diloco", max_staleness=1, **common)
     assert waited.step_s > hidden.step_s
+
+
+def test_real_computes_per_call_overhead_is_the_multiple_its_warm_up_steps_show():
+    """A cell whose warm-up steps took what 2.5x the calibrated per-call overhead gives gets that overhead back;
+    a warm-up faster than the calibration allows keeps the calibrated one (contention is found, never assumed
+    away); the counted steps are then predicted with it."""
+    _, net = two_dc(2, 0.0001, 1e9)
+    opts = Options(strategy="hier-dp-overlap", steps=10, preset="tiny", micro_batch=8, micro_batches=2,
+                   bucket_mb=0.25, chunks=4, lanes=2)
+    transport = dataclasses.replace(IDEAL, op_overhead=0.002)
+    model = CellModel(opts, net, transport, 0.02, warmup_steps=3, step_overhead_s=0.001)
+    contended = dataclasses.replace(model, transport=dataclasses.replace(transport, op_overhead=0.005))
+    warm = dataclasses.replace(contended, opts=dataclasses.replace(opts, steps=3), warmup_steps=1)
+    wall = PREDICTORS["hier-dp-overlap"](warm).step_s  # what the warm-up steps 1 and 2 would have measured
+    assert wall > PREDICTORS["hier-dp-overlap"](dataclasses.replace(warm, transport=transport)).step_s
+    assert warmup_overhead(model, wall).transport.op_overhead == pytest.approx(0.005)
+    assert warmup_overhead(model, 0.5 * wall).transport.op_overhead == pytest.approx(0.002)
+    unfitted = warmup_overhead(dataclasses.replace(model, warmup_steps=0), wall)  # no warm-up step to fit on
+    assert unfitted.transport.op_overhead == pytest.approx(0.002)
 
 
 def test_diloco_bytes_per_step_fall_by_h():
