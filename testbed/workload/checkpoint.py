@@ -4,11 +4,14 @@ previous checkpoint whole); a rank started where one exists loads it and resumes
 step is a pure function of (seed, step, index), so a resumed run trains on what the uninterrupted one would have.
 
 Two kinds (Strategy.checkpoint_per_rank): where every replica holds the whole state identically (flat-dp, hier-dp,
-hier-dp-overlap, ddp) rank 0 writes one file; where ranks hold different state (FSDP2's shards, a pipeline's stages, DiLoCo's DCs
-between outer syncs) every rank writes its own, under the step (`ranks/step<S>/rank<r>.pt`), and a restart takes
+hier-dp-overlap, ddp) rank 0 writes one file; where ranks hold different state (FSDP2's shards, a pipeline's stages, the
+DiLoCos' DCs: parameters, inner and outer optimizers, and in streaming-diloco and async-diloco the syncs in flight,
+waited for at the checkpoint's step and saved with their reduced pseudo-gradients, testbed.workload.strategies.diloco)
+every rank writes its own, under the step (`ranks/step<S>/rank<r>.pt`), and a restart takes
 the last step whose files are all there -- the set is complete or not used, as torch.distributed.checkpoint
 commits a checkpoint only once every rank has written. Each rank keeps its last two: ranks are never more than one
-checkpoint apart (every step, or every outer step in DiLoCo, synchronises them).
+checkpoint apart (every step synchronises them, or in the DiLoCos the cross-DC sync at each checkpoint's step, as the
+experiment's checkpoint_every is a multiple of H).
 
 Where the ranks' nodes share no file system (docker, ssh: TESTBED_CHECKPOINT_LOCAL=1) every rank writes its own
 in every strategy, and a restart's ranks agree over the process group on the last step each of them holds."""

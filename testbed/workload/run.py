@@ -67,8 +67,8 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         dist.broadcast(value, 0)  # every rank sleeps the same: rank 0's calibration
         synthetic = float(value)
     strategy = make_strategy(opts.strategy)
-    strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device))
     checkpoints, first = checkpointing_from_env(), 0
+    strategy.setup(Context(layout, groups, meter, comm, cfg, opts, synthetic, device, checkpoints))
     local = checkpoints is not None and checkpoints.local
     own = layout.rank if strategy.checkpoint_per_rank or local else None  # whose checkpoint this rank writes and reads
     saved = None if checkpoints is None else checkpoints.load_agreed(layout.rank, layout.world) if local \

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from testbed.workload.checkpoint import Checkpointing
 from testbed.workload.comm import Comm
 from testbed.workload.groups import Groups
 from testbed.workload.layout import Layout
@@ -28,6 +29,7 @@ class Context:
     opts: Options
     synthetic_s: float | None  # forward+backward seconds per micro-batch of the whole model, synthetic mode
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (immutable: one shared default is right)
+    checkpoints: Checkpointing | None = None  # when the state after a step is written (a strategy may settle first)
 
     def synchronize(self) -> None:
         """Wait for queued GPU work, so that wall-clock compute timings are true."""

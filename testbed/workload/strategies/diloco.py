@@ -19,6 +19,16 @@ each step), as streaming-diloco applies a fragment: the new global weights plus 
 steps go on meanwhile; one sync is in flight at a time (one that falls due meanwhile starts when it is applied:
 every DC issues the same syncs in the same order), and only when it is `max_staleness` steps old (or at the last
 step) does the DC wait for it. Across a partition the DCs keep training on their own until the bound.
+
+Checkpoints (testbed.workload.checkpoint): every rank writes its own -- its parameters and inner optimizer, the
+global weights and every outer optimizer's state (one per fragment in streaming-diloco) -- and, in
+streaming-diloco and async-diloco, the syncs in flight. At a checkpoint's step the DC first waits for each of
+them (comm_s, exposed) and saves per sync its fragment, the step it started, its reduced pseudo-gradient and the
+snapshot of the fragment at its start; a restart puts them back as arrived, and each is applied at the step it
+would have been (streaming-diloco: `overlap_steps` after its start; async-diloco: the step after the checkpoint,
+as a sync that has arrived). async-diloco first starts and settles every sync that fell due (`owed`), as at the
+last step, so that every DC has issued the same syncs when it writes (which of them have started otherwise
+depends on when each DC saw the previous one arrive, and a restart's DCs must pair their next all-reduces alike).
 """
 
 from __future__ import annotations
@@ -58,13 +68,12 @@ class DiLoCo(DataParallel):
         """Between outer syncs only a DC's ranks hold the same parameters."""
         return self.ctx.groups.intra, list(self.ctx.groups.intra_ranks)
 
-    checkpoint_per_rank = True  # the inner optimizer's state differs from DC to DC (checkpoints after outer steps)
+    checkpoint_per_rank = True  # the parameters and inner optimizer's state differ from DC to DC
 
     def checkpoint_state(self) -> dict:
-        """This rank's parameters and inner optimizer, and the global weights and outer optimizer. Written after
-        an outer step (the experiment's checkpoint_every is a multiple of H), when the DCs are in step."""
-        if self.name != DiLoCo.name:
-            raise NotImplementedError(f"{self.name} keeps no checkpoint: a synchronisation may be in flight at any step")
+        """This rank's parameters and inner optimizer, and the global weights and outer optimizer (the same in
+        every DC). Written after an outer step: the experiment's checkpoint_every is a multiple of H, so that no DC
+        runs two checkpoints ahead of another (testbed.workload.checkpoint keeps each rank's last two)."""
         return {**weights_and_optimizer(self.names, self.params, self.optimizer),
                 "global": [p.clone() for p in self.global_params], "outer": self.outer.state_dict()}
 
@@ -161,8 +170,46 @@ class StreamingDiLoCo(DiLoCo):
         start = time.perf_counter()
         for item in [x for x in self.in_flight if index >= x[1] + opts.overlap_steps]:
             self._finish(item)
+        if self.checkpoint_due(index):
+            self.drain()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
         return self.with_sdc({"loss": loss, "outer_fragments": started})
+
+    def checkpoint_due(self, index: int) -> bool:
+        return self.ctx.checkpoints is not None and self.ctx.checkpoints.due(index)
+
+    def drain(self) -> None:
+        """Wait for every sync in flight (a checkpoint is written after this step): each keeps its reduced
+        pseudo-gradient, marked arrived (work None), and is applied when it would have been."""
+        for k, (f, begun, work, delta, snapshot) in enumerate(self.in_flight):
+            if work is not None:
+                with self.ctx.meter.timed("comm_s"):
+                    work.wait()
+                self.in_flight[k] = (f, begun, None, delta, snapshot)
+
+    def checkpoint_state(self) -> dict:
+        """DiLoCo's (every fragment's outer optimizer) and the syncs in flight, drained by step(): per sync its
+        fragment, the step it started, its reduced pseudo-gradient and the snapshot taken at its start."""
+        if any(work is not None for _, _, work, _, _ in self.in_flight):
+            raise RuntimeError(f"{self.name}: a checkpoint with a sync still in flight (step() drains them when "
+                               "ctx.checkpoints is due)")
+        return {**weights_and_optimizer(self.names, self.params, self.optimizer),
+                "global": [p.clone() for p in self.global_params], "outers": [o.state_dict() for o in self.outers],
+                "in_flight": [{"fragment": f, "started": begun, "delta": delta, "snapshot": snapshot}
+                              for f, begun, _, delta, snapshot in self.in_flight]}  # neither changes once arrived
+
+    def restore(self, state: dict) -> None:
+        if len(state["outers"]) != len(self.outers):
+            raise ValueError(f"checkpoint: {len(state['outers'])} fragments saved, {len(self.outers)} here")
+        restore_weights_and_optimizer(state, self.names, self.params, self.optimizer)
+        with torch.no_grad():
+            for param, saved in zip(self.global_params, state["global"]):
+                param.copy_(saved)
+        for outer, saved in zip(self.outers, state["outers"]):
+            outer.load_state_dict(saved)
+        device = self.ctx.device
+        self.in_flight = [(item["fragment"], item["started"], None, item["delta"].to(device),
+                           [s.to(device) for s in item["snapshot"]]) for item in state["in_flight"]]
 
     def _start(self, f: int, index: int) -> None:
         groups = self.ctx.groups
@@ -233,6 +280,14 @@ class AsyncDiLoCo(StreamingDiLoCo):
             if self.owed:
                 self._start(0, index)
                 self.owed, started = self.owed - 1, started + 1
+        if self.checkpoint_due(index):  # every DC issues every sync due by now, then waits for the last
+            while self.owed:
+                if self.in_flight:
+                    self._finish(self.in_flight[0])
+                    applied += 1
+                self._start(0, index)
+                self.owed, started = self.owed - 1, started + 1
+            self.drain()
         self.ctx.meter.add("exposed_s", time.perf_counter() - start)
         return self.with_sdc({"loss": loss, "outer_started": started, "outer_applied": applied,
                               "staleness": staleness})
@@ -244,3 +299,11 @@ class AsyncDiLoCo(StreamingDiLoCo):
         snapshot = [p.detach().clone() for p in self.params]
         work = self.ctx.comm.all_reduce_async(delta, groups.inter, groups.inter_ranks)
         self.in_flight.append((f, index, work, delta, snapshot))
+
+    def checkpoint_state(self) -> dict:
+        """streaming-diloco's, with the syncs owed (0 after step() settled them for the checkpoint)."""
+        return {**super().checkpoint_state(), "owed": self.owed}
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        self.owed = int(state["owed"])
