@@ -17,7 +17,16 @@ from testbed.spec import units
 from testbed.spec.errors import SpecError
 from testbed.spec.faults import Fault
 from testbed.spec.loader import load_yaml, validate_data
-from testbed.spec.strategies import OPTIONS, STRATEGIES, OptionError, Options, check_option, check_options, problem_of
+from testbed.spec.strategies import (
+    DILOCO,
+    OPTIONS,
+    STRATEGIES,
+    OptionError,
+    Options,
+    check_option,
+    check_options,
+    problem_of,
+)
 from testbed.spec.topology import Topology, load_topology, topology_from_data
 
 LINK_KEY = re.compile(r"^links\[(\*|[a-z][a-z0-9_]*\s*,\s*[a-z][a-z0-9_]*)\]\.(latency|distance|bandwidth|jitter|loss)$")
@@ -27,8 +36,9 @@ METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scalin
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
 # which restart from a checkpoint: rank 0's (the data-parallel ones: its state is every rank's) or each rank's own
-# (pp's stages; diloco's DCs, written after outer steps), testbed.workload.checkpoint
-RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "ddp", "fsdp", "hsdp", "pp", "diloco")
+# (FSDP2's shards, pp's stages, the DiLoCos' DCs with their syncs in flight), testbed.workload.checkpoint
+RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "ddp", "fsdp", "hsdp", "pp", "diloco",
+                      "streaming-diloco", "async-diloco")
 # where replicas are bit-identical after every step (in the DiLoCos: a DC's ranks, between outer syncs; in pp a
 # stage's ranks; in hsdp the ranks holding the same shard, one per DC)
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",
@@ -215,12 +225,8 @@ class Experiment(BaseModel):
             for index, spec in enumerate(self.strategies):
                 if spec.workload_strategy not in RESTART_STRATEGIES:
                     raise ValueError(f"restarts: ranks restart from a checkpoint in {', '.join(RESTART_STRATEGIES)} "
-                                     f"only, not {spec.workload_strategy} (strategies[{index}], {spec.name}: a "
-                                     "synchronisation may be in flight at any step, or the state is sharded)")
-                inner = spec.options.get("inner_steps", OPTIONS["inner_steps"].default)
-                if spec.workload_strategy == "diloco" and self.checkpoint_every % inner:
-                    raise ValueError(f"checkpoint_every: diloco's DCs are in step only after an outer step: a multiple "
-                                     f"of inner_steps ({inner}, strategies[{index}], {spec.name})")
+                                     f"only, not {spec.workload_strategy} (strategies[{index}], {spec.name}: it "
+                                     "keeps no checkpoint)")
         return self
 
     def _check_sdc(self, field: str, fault: Fault) -> None:
@@ -348,6 +354,7 @@ class Experiment(BaseModel):
                                 f"{self.workload.warmup_steps} leaves no measured step of {steps}{at}")
             self._check_fault_steps(int(steps), sum(sizes), at, source)
             for index in range(len(self.strategies)):
+                self._check_checkpoints(index, point, at, source)
                 try:
                     check_options(Options(**self.cell_options(index, point)), sizes, names)
                 except ValidationError as error:
@@ -357,6 +364,20 @@ class Experiment(BaseModel):
                 except OptionError as error:
                     field, note = self.field_of(index, point, error.field)
                     raise SpecError(source, field, f"{error}{note}{at}") from None
+
+    def _check_checkpoints(self, index: int, point: dict[str, Any], at: str, source: Path | None) -> None:
+        """The DiLoCos' DCs wait for each other only at their syncs, and each rank keeps its last two checkpoints
+        (testbed.workload.checkpoint): a checkpoint at a sync's step (diloco's outer step, streaming-diloco's first
+        fragment, async-diloco's sync due then) keeps every DC within one checkpoint of the others."""
+        spec = self.strategies[index]
+        if not self.restarts or not self.checkpoint_every or spec.workload_strategy not in DILOCO:
+            return
+        inner = self.cell_options(index, point).get("inner_steps", OPTIONS["inner_steps"].default)
+        if self.checkpoint_every % inner:
+            raise SpecError(source, "checkpoint_every",
+                            f"{self.checkpoint_every} is not a multiple of inner_steps ({inner}, strategies[{index}], "
+                            f"{spec.name}){at}: {spec.workload_strategy}'s DCs wait for each other only at a sync, and a "
+                            "DC two checkpoints ahead of another would drop the one that DC still needs")
 
     def _check_fault_steps(self, steps: int, world: int, at: str, source: Path | None) -> None:
         """Every fault's rank among the cell's ranks and its step among the cell's steps."""

@@ -130,8 +130,12 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         text("[flat-dp, hsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
                                       "bit: 30}]\nsdc_replay: 10%\n"),
         "sdc_replay", "cannot be replayed before its collective"),
-    "restarts_where_a_sync_may_be_in_flight": (
-        text("[flat-dp, {name: d, strategy: async-diloco}]", extra="restarts: 2\n"), "restarts", "not async-diloco"),
+    "async_diloco_checkpoints_between_syncs": (
+        text("[flat-dp, {name: a, strategy: async-diloco, options: {inner_steps: 2}}]",
+             extra="restarts: 2\ncheckpoint_every: 3\n"), "checkpoint_every", "a multiple of inner_steps (2"),
+    "streaming_diloco_checkpoints_between_syncs_at_a_swept_inner_steps": (
+        text("[flat-dp, {name: s, strategy: streaming-diloco}]", sweep="workload.inner_steps: [2, 3]",
+             extra="restarts: 1\ncheckpoint_every: 4\n"), "checkpoint_every", "(at workload.inner_steps=3)"),
     "diloco_checkpoints_between_outer_steps": (
         text("[flat-dp, {name: d, strategy: diloco, options: {inner_steps: 4}}]", extra="restarts: 1\ncheckpoint_every: 6\n"),
         "checkpoint_every", "a multiple of inner_steps (4"),

@@ -106,7 +106,10 @@ def test_each_malformed_case_is_one_edit_from_a_good_file(tmp_path):
             "pytorch": text("[ddp, {name: p, strategy: ddp, options: {comm_hook: powersgd, powersgd_rank: 2}}, "
                             "{name: q, strategy: ddp, options: {comm_hook: powersgd, bucket_cap_mb: 1}}, fsdp, "
                             "hsdp]"),
-            "fsdp_unequal": text("[ddp, fsdp]", topology=THREE_UNEQUAL)}
+            "fsdp_unequal": text("[ddp, fsdp]", topology=THREE_UNEQUAL),
+            "diloco_restarts": text("[flat-dp, {name: s, strategy: streaming-diloco, options: {inner_steps: 2}}, "
+                                    "{name: a, strategy: async-diloco, options: {inner_steps: 2}}]",
+                                    extra="restarts: 1\ncheckpoint_every: 4\n")}
     for name, body in good.items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(body)
