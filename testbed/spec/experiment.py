@@ -44,9 +44,9 @@ RESTART_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "ddp", "fsdp", "h
 SDC_STRATEGIES = ("flat-dp", "hier-dp", "hier-dp-overlap", "pp", "diloco", "streaming-diloco", "async-diloco", "ddp",
                   "hsdp", "fsdp")
 # whose gradients leave bucket by bucket during backward (FSDP2's: parameter by parameter): each is checked as it
-# leaves, and a step cannot be replayed before its collective (so none is sampled for a replay)
+# leaves, and a step sampled for a replay computes its gradient once beforehand, without communicating; no buddy
+# can compare a rank's gradient before it leaves
 CHECKED_IN_BUCKETS = ("hier-dp-overlap", "ddp", "fsdp", "hsdp")
-SAMPLED_IN_BUCKETS = ("hier-dp-overlap", "ddp")  # a sampled step's gradient computed once more beforehand, without communicating
 WORKLOAD_OPTIONS = ("preset", "micro_batch", "micro_batches", "seq_len", "steps", "seed", "lr", "compute_ms",
                     "device_tflops")  # WorkloadSpec fields that are workload options (checked by their definition)
 
@@ -239,9 +239,6 @@ class Experiment(BaseModel):
             if fault.target == "gradient" and spec.options.get("comm_hook") == "powersgd":
                 raise ValueError(f"{field}.target: PowerSGD's error feedback would carry a poisoned bucket into "
                                  f"every later step (strategy {spec.name}; target: parameter can)")
-            if self.sdc_replay and strategy in CHECKED_IN_BUCKETS and strategy not in SAMPLED_IN_BUCKETS:
-                raise ValueError(f"sdc_replay: {strategy}'s gradients leave bucket by bucket during backward, so a "
-                                 f"step cannot be replayed before its collective (strategy {spec.name}; ddp and hier-dp-overlap can)")
             if self.sdc_replay_by == "buddy" and strategy in CHECKED_IN_BUCKETS:
                 raise ValueError(f"sdc_replay_by: {strategy}'s gradients leave bucket by bucket during backward: no "
                                  f"buddy can compare a rank's gradient before it leaves (strategy {spec.name}; "

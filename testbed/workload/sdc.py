@@ -128,16 +128,14 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
 def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                    replicas: Callable[[], tuple[object, list[int]]], seed: int,
                    model: torch.nn.Module | None, gradients_refused: str | None = None,
-                   in_buckets: bool = False, can_recompute_for_others: bool = False,
-                   samples_in_buckets: bool = False) -> Guard | None:
+                   in_buckets: bool = False, can_recompute_for_others: bool = False) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
     None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
     `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums);
     `gradients_refused`: why this strategy's gradients cannot be checked before their collective (gradient flips
     refused); `in_buckets`: gradients are checked bucket by bucket as they leave during backward (bucket_ready),
-    where no step can be replayed before its collective, so none is sampled for a replay -- unless
-    `samples_in_buckets`: the strategy computes a sampled step's gradient once more beforehand, without
-    communicating (sample_reference), and each bucket is compared with it as it leaves;
+    where no step can be replayed before its collective: the strategy computes a sampled step's gradient once
+    beforehand, without communicating (sample_reference), and each bucket is compared with it as it leaves;
     `can_recompute_for_others`: the strategy can compute another replica's gradient (a buddy replay)."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
@@ -146,9 +144,6 @@ def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
         raise ValueError(f"sdc: {gradients_refused}: a gradient corruption cannot be checked before its collective "
                          "(target: parameter can)")
     rate, buddy = replay_rate_from_env(), buddy_from_env()
-    if in_buckets and rate and not samples_in_buckets:
-        raise ValueError("sdc: gradients leave bucket by bucket during backward here: a step cannot be replayed "
-                         "before its collective, so none is sampled for one (TESTBED_SDC_REPLAY must be 0)")
     if in_buckets and buddy:
         raise ValueError("sdc: gradients leave bucket by bucket during backward here: no buddy can compare a "
                          "rank's gradient before it leaves (TESTBED_SDC_BUDDY)")

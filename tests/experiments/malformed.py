@@ -126,10 +126,6 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         text("[flat-dp, {name: psgd, strategy: ddp, options: {comm_hook: powersgd}}]",
              extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, bit: 30}]\n"),
         "faults[0].target", "PowerSGD's error feedback"),
-    "sdc_replay_where_buckets_leave_in_backward": (
-        text("[flat-dp, hsdp]", extra="faults: [{kind: sdc, rank: 1, at: step 2, target: gradient, "
-                                      "bit: 30}]\nsdc_replay: 10%\n"),
-        "sdc_replay", "cannot be replayed before its collective"),
     "async_diloco_checkpoints_between_syncs": (
         text("[flat-dp, {name: a, strategy: async-diloco, options: {inner_steps: 2}}]",
              extra="restarts: 2\ncheckpoint_every: 3\n"), "checkpoint_every", "a multiple of inner_steps (2"),

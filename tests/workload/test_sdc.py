@@ -430,9 +430,10 @@ def test_a_buddy_replay_sees_a_defect_that_the_ranks_own_replay_repeats(tmp_path
 
 
 def test_bucket_strategies_sample_steps_by_computing_their_gradient_beforehand_without_communicating(tmp_path):
-    """2 DCs x 2 ranks, DDP and hier-dp-overlap (int8, with its error feedback) in small buckets, 2 micro-batches,
-    every step sampled (TESTBED_SDC_REPLAY=1): each rank computes the step's gradient once with no bucket leaving
-    (DDP: no_sync), then each bucket leaving in the step itself must match it bit for bit. A flip of mantissa bit 10
+    """2 DCs x 2 ranks, DDP and hier-dp-overlap (int8, with its error feedback) in small buckets, FSDP2's fsdp and
+    hsdp parameter by parameter, 2 micro-batches, every step sampled (TESTBED_SDC_REPLAY=1): each rank computes the
+    step's gradient once with no bucket leaving (DDP: no_sync; FSDP2: gradient sync off, its unsharded gradients
+    taken out), then each bucket leaving in the step itself must match it bit for bit. A flip of mantissa bit 10
     (far below what the checksums see) on rank 1 at step 2 is caught there (`replay-sample`), every rank computes
     step 2 again (transient); no other step raises anything, so the buckets hold exactly the gradient a pass
     without communication computes."""
@@ -440,7 +441,8 @@ def test_bucket_strategies_sample_steps_by_computing_their_gradient_beforehand_w
     env = {"TESTBED_SDC": json.dumps([flip]), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": "1"}
     base = Options(steps=5, micro_batch=2, micro_batches=2, seed=3)
     runs = {"ddp": replace(base, strategy="ddp", bucket_cap_mb=0.05),
-            "int8": replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2, compression="int8")}
+            "int8": replace(base, strategy="hier-dp-overlap", bucket_mb=0.1, chunks=2, lanes=2, compression="int8"),
+            "fsdp": replace(base, strategy="fsdp"), "hsdp": replace(base, strategy="hsdp")}
     out = run(tmp_path, 2, 2, runs, env=env)
     for name in runs:
         events = sdc_events(tmp_path / name, 4)

@@ -65,8 +65,7 @@ class DataParallel(Strategy):
         self.name_of = {id(param): name for name, param in zip(self.names, self.params)}
         self.guard = guard_from_env(ctx.layout.rank, self.names, self.params, self.replicas, ctx.opts.seed,
                                     self.model if ctx.synthetic_s is None else None,
-                                    in_buckets=not self.checks_gradients_before_sync, can_recompute_for_others=True,
-                                    samples_in_buckets=True)
+                                    in_buckets=not self.checks_gradients_before_sync, can_recompute_for_others=True)
         self.step_index = 0
         self._quiet = False  # computing a sampled step's gradient beforehand: no bucket leaves
 

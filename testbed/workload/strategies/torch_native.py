@@ -62,15 +62,13 @@ class TorchNative(Strategy):
         local = [_local(param) for param in self.model.parameters()]
         refused = self.gradients_refused()
         self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed,
-                                    None if refused else self.model, refused, in_buckets=not refused,
-                                    samples_in_buckets=self.samples_in_buckets)
+                                    None if refused else self.model, refused, in_buckets=not refused)
         self.buckets_checked = self.guard is not None and not refused
         self.step_index = 0
 
-    samples_in_buckets = False  # whether a step sampled for a replay computes its gradient beforehand (local_gradients)
-
     def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
-        """This rank's own gradient of the step, computed without communicating (by parameter name)."""
+        """This rank's own gradient of the step, computed without communicating (by parameter name): a step
+        sampled for a replay computes it beforehand, and each bucket leaving in the step must match it."""
         raise NotImplementedError
 
     def gradients_refused(self) -> str | None:
@@ -95,7 +93,7 @@ class TorchNative(Strategy):
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
         self.step_index = index
-        if self.buckets_checked and self.samples_in_buckets and self.guard.samples(index):
+        if self.buckets_checked and self.guard.samples(index):
             self.guard.sample_reference(index, self.local_gradients(micro_batches))  # its time is in the step
         total, apply = self.forward_backward(micro_batches), True
         if self.buckets_checked:
@@ -212,8 +210,6 @@ class DDP(TorchNative):
             self.wrapped.register_comm_hook(None, self._checked_bucket)
         elif self.hook is not None:
             self.wrapped.register_comm_hook(self.hook.state, self.hook.run)
-
-    samples_in_buckets = True
 
     def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """Every micro-batch's backward under no_sync (DDP's reducer stays idle: nothing is sent)."""
@@ -386,6 +382,7 @@ class FSDP(TorchNative):
         shards = self.device_mesh.size(self.device_mesh.ndim - 1)
         prefix = {module: name for name, module in self.model.named_modules()}
         number = 0
+        self.unsharded: dict[str, object] = {}  # parameter name -> FSDP2's FSDPParam
         for unit in self.units:
             unit.unshard()
             for fsdp_param in unit._get_fsdp_state()._fsdp_param_group.fsdp_params:  # FSDP2's own, not public
@@ -396,8 +393,27 @@ class FSDP(TorchNative):
                                      f"{shards} ranks it is sharded over: a rank with no shard of it could not see "
                                      "its poison")
                 fsdp_param.unsharded_param.register_post_accumulate_grad_hook(self._checked_gradient(number, name))
+                self.unsharded[name] = fsdp_param
                 number += 1
             unit.reshard()
+
+    def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
+        """Every micro-batch's backward with FSDP2's gradient sync off (no reduce-scatter, no HSDP all-reduce:
+        the unsharded gradients accumulate as in the step's own first micro-batches), taken out of FSDP2's unsharded
+        parameters so that the step itself starts from none. The weights are all-gathered for each forward as in
+        the step: that moves no gradient."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.guard.gradients_zeroed()
+        self._syncing = False
+        self.wrapped.set_requires_gradient_sync(False)
+        for x, y in micro_batches:
+            (loss_fn(self.wrapped(x), y) / len(micro_batches)).backward()
+        grads = {}
+        for name, fsdp_param in self.unsharded.items():
+            unsharded = fsdp_param._unsharded_param  # its storage may be freed after backward, its .grad is kept
+            if unsharded.grad is not None:
+                grads[name], unsharded.grad = unsharded.grad, None
+        return grads
 
     def _checked_gradient(self, number: int, name: str):
         def hook(param: torch.nn.Parameter) -> None:
