@@ -629,7 +629,7 @@ def streaming_diloco(m: CellModel) -> Prediction:
                 if opts.overlap_steps <= 0:
                     clock = max(clock, end)
                     in_flight.pop()
-        for item in [x for x in in_flight if step >= x[0] + opts.overlap_steps]:
+        for item in [x for x in in_flight if step == opts.steps - 1 or step >= x[0] + opts.overlap_steps]:
             clock = max(clock, item[1])
             in_flight.remove(item)
         walls.append(clock - begin)

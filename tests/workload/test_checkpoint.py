@@ -51,7 +51,8 @@ CASES = {  # strategy: (options, DCs, ranks per DC, checkpoint every, steps of t
     "async-diloco": (replace(BASE, strategy="async-diloco", inner_steps=2, max_staleness=1), 2, 1, 2, 4, True),
 }
 IN_FLIGHT = {"streaming-diloco": [(1, 1), (0, 3)], "async-diloco": [(0, 3)]}  # (fragment, step started) saved
-SETTLES_AT_THE_END = ("async-diloco",)  # whose last step differs (it settles every sync): a shorter run is no stop
+SETTLES_AT_THE_END = ("streaming-diloco", "async-diloco")  # whose last step differs (it settles every sync): a
+# shorter run is no stop
 
 
 def stopped_run(tmp_path: Path, strategy: str, dcs: int, nodes: int, options: Options, first: int, env: dict) -> None:
@@ -201,3 +202,19 @@ def test_what_a_diloco_checkpoint_restores_is_what_it_saved_and_goes_on_alike(tm
         assert same(step(restored, index), step(original, index)), index
     assert same(restored.named_parameters(), original.named_parameters())
     assert not same(restored.named_parameters(), alone(options, None).named_parameters())  # it did train
+
+
+def test_streaming_diloco_applies_every_fragment_still_in_flight_at_its_last_step():
+    """In one process, H 4, 2 fragments, overlap 3, 6 steps: fragment 0's sync starts at step 3 and fragment 1's at
+    step 5, both due after the end; the last step waits for them and applies them (the run does not end with
+    fragments its DCs never agreed on), as async-diloco settles its syncs at its last step."""
+    options = replace(BASE, strategy="streaming-diloco", steps=6, inner_steps=4, fragments=2, overlap_steps=3)
+    strategy = alone(options, None)
+    for index in range(options.steps - 1):
+        step(strategy, index)
+    assert sorted((f, begun) for f, begun, *_ in strategy.in_flight) == [(0, 3)]
+    before = [p.clone() for p in strategy.global_params]
+    record = step(strategy, options.steps - 1)
+    assert record["outer_fragments"] == [1] and strategy.in_flight == []
+    changed = [not torch.equal(a, b) for a, b in zip(before, strategy.global_params)]
+    assert all(changed[i] for frag in strategy.fragments for i in frag), changed

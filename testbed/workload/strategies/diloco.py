@@ -10,8 +10,9 @@ the smallest DC has ranks (Layout.inter_group), and each DC counts once in the a
 
 streaming-diloco: the parameters are cut into fragments synchronised in turn (fragment f at steps
 f*H/F, f*H/F + H, ...); each fragment's cross-DC all-reduce is started asynchronously and only applied
-`overlap_steps` inner steps later, so it hides behind them. On arrival the fragment becomes the new
-global fragment plus the local progress made since its sync started.
+`overlap_steps` inner steps later, so it hides behind them (at the last step every one still in flight is
+waited for and applied). On arrival the fragment becomes the new global fragment plus the local progress made
+since its sync started.
 
 async-diloco: the whole pseudo-gradient's cross-DC all-reduce starts every H steps in the background and is
 applied as soon as it has arrived (the DC's ranks agree on when, with a one-element all-reduce inside the DC
@@ -168,7 +169,8 @@ class StreamingDiLoCo(DiLoCo):
                 self._start(f, index)
                 started.append(f)
         start = time.perf_counter()
-        for item in [x for x in self.in_flight if index >= x[1] + opts.overlap_steps]:
+        last = index == opts.steps - 1  # the end: every fragment still in flight is applied, as async-diloco settles
+        for item in [x for x in self.in_flight if last or index >= x[1] + opts.overlap_steps]:
             self._finish(item)
         if self.checkpoint_due(index):
             self.drain()
