@@ -119,7 +119,7 @@ def caught(bits: list[int], flips: int, target: str, seed: int, replay: float = 
                     "rate": len(found) / len(injected) if injected else float("nan"),
                     "by": ",".join(sorted({hits[(r["rank"], r["step"])] for r in found})) or "-",
                     "value changed": sum(r["before"] != r["after"] for r in injected),
-                    "missed: largest |change|": max((abs(r["after"] - r["before"]) for r in missed), default="-"),
+                    "missed: largest change": max((abs(r["after"] - r["before"]) for r in missed), default="-"),
                     "missed in": ",".join(sorted({r["tensor"].split(".", 1)[1] for r in missed})) or "-",
                     "verdicts at no injection (run)": others})
     return out
