@@ -128,7 +128,8 @@ def odd_ones(values: list[int]) -> tuple[list[int], int | None]:
 def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                    replicas: Callable[[], tuple[object, list[int]]], seed: int,
                    model: torch.nn.Module | None, gradients_refused: str | None = None,
-                   in_buckets: bool = False, can_recompute_for_others: bool = False) -> Guard | None:
+                   in_buckets: bool = False, can_recompute_for_others: bool = False,
+                   samples_together: bool = False) -> Guard | None:
     """This rank's Guard when the harness asked for injections or checks (TESTBED_SDC, TESTBED_SDC_CHECK), else
     None. `replicas()`: the group whose ranks hold the same parameters, and its ranks (asked only when guarding);
     `model`: the modules whose gradients are computed (None: synthetic gradients, no checksums);
@@ -136,7 +137,9 @@ def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
     refused); `in_buckets`: gradients are checked bucket by bucket as they leave during backward (bucket_ready),
     where no step can be replayed before its collective: the strategy computes a sampled step's gradient once
     beforehand, without communicating (sample_reference), and each bucket is compared with it as it leaves;
-    `can_recompute_for_others`: the strategy can compute another replica's gradient (a buddy replay)."""
+    `can_recompute_for_others`: the strategy can compute another replica's gradient (a buddy replay);
+    `samples_together`: computing a sampled step's gradient beforehand takes collectives of its own (FSDP2
+    all-gathers the weights for every forward), so every rank samples the same steps."""
     injections, check = injections_from_env(rank), checking_from_env()
     if not injections and not check:
         return None
@@ -152,7 +155,7 @@ def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
                          "compute, nor in a pipeline, whose stages' inputs come from other ranks (TESTBED_SDC_BUDDY)")
     sums = GradientChecksums(model) if check and model is not None else None
     group, ranks = replicas()
-    return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums, buddy)
+    return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums, buddy, samples_together)
 
 
 @dataclass
@@ -180,11 +183,13 @@ class Guard:
 
     def __init__(self, rank: int, names: list[str], params: list[torch.nn.Parameter], group: object,
                  group_ranks: list[int], injections: list[Injection], check: bool, replay_rate: float = 0.0,
-                 seed: int = 0, sums: GradientChecksums | None = None, buddy: bool = False) -> None:
+                 seed: int = 0, sums: GradientChecksums | None = None, buddy: bool = False,
+                 together: bool = False) -> None:
         """`sums`: the model's gradient checksums, when its gradients are computed (not synthetic); `buddy`:
-        sampled steps are replayed by buddies (before_collective's recompute_for)."""
+        sampled steps are replayed by buddies (before_collective's recompute_for); `together`: every rank samples
+        the same steps (as with buddies)."""
         self.rank, self.names, self.params, self.sums, self.buddy = rank, names, params, sums, buddy
-        self.replay_rate, self.seed = replay_rate, seed
+        self.replay_rate, self.seed, self.together = replay_rate, seed, together or buddy
         self.group, self.group_ranks = group, group_ranks
         self.injections, self.check = injections, check
         self.norms: list[float] = []
@@ -264,9 +269,9 @@ class Guard:
         return checksum([param.grad for param in self.params])
 
     def _sampled(self, step: int) -> bool:
-        """Whether step `step` is replayed unasked: a pure function of seed, rank and step (of seed and step with
-        buddies, so that every replica takes part in the same steps' exchanges)."""
-        key = f"{self.seed}/{step}" if self.buddy else f"{self.seed}/{self.rank}/{step}"
+        """Whether step `step` is replayed unasked: a pure function of seed, rank and step (of seed and step when
+        the ranks sample together: every replica takes part in the same steps' exchanges)."""
+        key = f"{self.seed}/{step}" if self.together else f"{self.seed}/{self.rank}/{step}"
         return self.replay_rate > 0 and random.Random(key).random() < self.replay_rate
 
     def before_collective(self, step: int, replay: Callable[[], float | None],

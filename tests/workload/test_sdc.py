@@ -455,3 +455,26 @@ def test_bucket_strategies_sample_steps_by_computing_their_gradient_beforehand_w
         assert replayed == [(r, 2, True) for r in range(4)], (name, replayed)
         params = [out[name][r]["params"] for r in range(4)]
         assert all(torch.equal(params[0][key], p[key]) for p in params[1:] for key in params[0]), name
+
+
+def test_fsdp2_ranks_sample_the_same_steps_because_its_reference_pass_all_gathers(tmp_path):
+    """fsdp and hsdp, 2 DCs x 2 ranks, half the steps sampled (TESTBED_SDC_REPLAY=0.5): computing a sampled step's
+    gradient beforehand runs FSDP2's forwards, which all-gather the weights, so a rank sampling a step its peers
+    do not would wait in a collective they never join (this run hung at step 0 when each rank drew its own steps).
+    Every rank samples step 7 of 0-7 (seed 3): a mantissa flip there is caught (`replay-sample`), one at step 3,
+    sampled by none, is not -- a share r of steps catches such flips at about r."""
+    import random
+
+    per_rank = [[s for s in range(8) if random.Random(f"3/{r}/{s}").random() < 0.5] for r in range(4)]
+    assert len({tuple(steps) for steps in per_rank}) > 1  # drawn per rank, the ranks would sample different steps
+    assert [s for s in range(8) if random.Random(f"3/{s}").random() < 0.5] == [7]
+    flips = [{"rank": 1, "step": 3, "target": "gradient", "bit": 10, "tensor": "2.mlp.0.weight", "index": 7, "seed": 0},
+             {"rank": 2, "step": 7, "target": "gradient", "bit": 10, "tensor": "1.attn.weight", "index": 5, "seed": 0}]
+    env = {"TESTBED_SDC": json.dumps(flips), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": "0.5"}
+    base = Options(steps=8, micro_batch=2, micro_batches=2, seed=3)
+    run(tmp_path, 2, 2, {name: replace(base, strategy=name) for name in ("fsdp", "hsdp")}, env=env)
+    for name in ("fsdp", "hsdp"):
+        events = sdc_events(tmp_path / name, 4)
+        caught = [(e["rank"], e["step"], e["detected_by"], e["classification"])
+                  for e in events if e["event"] == "sdc_detected"]
+        assert caught == [(2, 7, "replay-sample", "transient")], (name, caught)

@@ -62,9 +62,12 @@ class TorchNative(Strategy):
         local = [_local(param) for param in self.model.parameters()]
         refused = self.gradients_refused()
         self.guard = guard_from_env(ctx.layout.rank, self.names, local, self.replicas, ctx.opts.seed,
-                                    None if refused else self.model, refused, in_buckets=not refused)
+                                    None if refused else self.model, refused, in_buckets=not refused,
+                                    samples_together=self.reference_communicates)
         self.buckets_checked = self.guard is not None and not refused
         self.step_index = 0
+
+    reference_communicates = False  # whether local_gradients takes collectives (then every rank samples alike)
 
     def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """This rank's own gradient of the step, computed without communicating (by parameter name): a step
@@ -396,6 +399,8 @@ class FSDP(TorchNative):
                 self.unsharded[name] = fsdp_param
                 number += 1
             unit.reshard()
+
+    reference_communicates = True  # every forward all-gathers the weights: the ranks sample the same steps
 
     def local_gradients(self, micro_batches: list[MicroBatch]) -> dict[str, torch.Tensor]:
         """Every micro-batch's backward with FSDP2's gradient sync off (no reduce-scatter, no HSDP all-reduce:
