@@ -59,6 +59,10 @@ class Fabric(ABC):
         starts, so that its applied_at measures the change itself."""
         return
 
+    def release_link_faults(self) -> None:
+        """Give back what prepare_link_faults kept open (the faults are over)."""
+        return
+
     def prepare_rank_faults(self, nodes: list[str]) -> None:
         """What a first signal to a rank on each of `nodes` would pay once (a session there), paid now: before a
         fault's clock starts, so that a scheduled kill's or straggler's applied_at measures the signal itself."""

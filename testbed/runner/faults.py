@@ -122,6 +122,8 @@ class FaultDriver:
             if action.action == "clear" and window.get("applied_at") is not None and window.get("cleared_at") is None:
                 self._act(action, self._now(), late=True)
         self._write()
+        if any(fault.is_link for fault in self.faults):
+            self.testbed.fabric.release_link_faults()
         if self._frozen:
             gc.unfreeze()
             self._frozen = False
@@ -146,6 +148,11 @@ class FaultDriver:
 
     # --- the thread -------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        if any(fault.is_link for fault in self.faults):
+            try:  # again, in the thread that makes the changes: pyroute2 keeps a netlink socket per thread (netns)
+                self.testbed.fabric.prepare_link_faults()
+            except Exception as error:  # start() prepared them once already: a change would say what is wrong
+                self.errors.append(f"preparing the link faults in the fault thread: {error}")
         starts: dict[int, float] = {}
         offset = 0
         pending = list(self.actions)
