@@ -231,6 +231,57 @@ def test_a_partition_is_netem_loss_on_both_ends_and_clear_restores_the_same_qdis
     assert light["received"] == 50
 
 
+def test_every_link_fault_kind_is_netem_on_both_ends_on_schedule_and_cleared(three_dc):
+    """Issue 16's link faults on netem as the runner applies a timeline (its FaultDriver, in this process: each CLI
+    call costs 3-5 s in UML): on east <-> west a latency rise, a loss burst, a bandwidth cut and a flap, one after
+    the other. A look inside each window finds both ends' netem qdiscs carrying it (a flap: 100 % loss in its down
+    windows, none between them); each is applied and cleared within 0.25 s of its schedule, and the link ends as
+    configured, its qdiscs changed in place. (Before the fault thread kept a netlink socket in each namespace,
+    every change opened two, 1 s each in UML: a fault came 1.5-2 s late there, 12 ms on the host.)"""
+    from testbed.runner.faults import FaultDriver
+    from testbed.spec.faults import Fault
+    from testbed.spec.loader import validate_data
+
+    prefix = three_dc.prefix
+    ends = [(f"{prefix}east-gw", "to-west"), (f"{prefix}west-gw", "to-east")]
+    sent_before = [qdisc_sent_bytes(*end) for end in ends]
+    link = {"between": ["east", "west"]}
+    timeline = [{"kind": "latency", **link, "at": "0.5s", "duration": "2s", "latency": "40ms", "jitter": "2ms"},
+                {"kind": "loss-burst", **link, "at": "3s", "duration": "2s", "loss": "20%"},
+                {"kind": "bandwidth", **link, "at": "5.5s", "duration": "2s", "bandwidth": "10mbit"},
+                {"kind": "flap", **link, "at": "8s", "duration": "6s", "period": "2s", "down": "1s"}]
+    faults = [validate_data(Fault, data, "timeline") for data in timeline]
+    looks = [("latency", 0.5, lambda line: "delay 40ms" in line and "2ms" in line),
+             ("loss-burst", 3.0, lambda line: "loss 20%" in line),
+             ("bandwidth", 5.5, lambda line: "rate 10Mbit" in line)]
+    looks += [(f"flap down {k}", 8.0 + 2 * k, lambda line: "loss 100%" in line) for k in range(3)]
+    looks += [(f"flap up {k}", 9.0 + 2 * k, lambda line: "loss" not in line) for k in range(3)]
+    # the clock starts 5 s from now: start() and the fault thread open the namespaces' netlink sockets (1 s each
+    # in UML, once per thread) and start() collects the heap, before it
+    driver = FaultDriver(attach(prefix), faults, "uml", 0, None, None, zero=time.time() + 5.0)
+    seen: dict[str, list[str]] = {}
+    try:
+        driver.start()
+        for name, begin, _ in sorted(looks, key=lambda look: look[1]):
+            time.sleep(max(0.0, begin + 0.5 - (time.time() - driver.zero)))  # 0.25 s late at most, then a look
+            seen[name] = [netem_line(*end) for end in ends]
+        driver.wait(timeout=30)
+    finally:
+        record = driver.stop()
+    assert not record["errors"], record["errors"]
+    windows = record["faults"]
+    for name, _, carries in looks:
+        assert all(carries(line) for line in seen[name]), (name, seen[name], windows)
+    assert [w["kind"] for w in windows] == ["latency", "loss-burst", "bandwidth", "flap", "flap", "flap"]
+    for window in windows:
+        assert 0 <= window["applied_at"] - window["scheduled_at"] <= 0.25, window
+        assert 0 <= window["cleared_at"] - window["clear_scheduled_at"] <= 0.25, window
+    for end, before in zip(ends, sent_before):
+        line = netem_line(*end)
+        assert "delay 10ms" in line and "loss" not in line and "rate 200Mbit" in line, line
+        assert qdisc_sent_bytes(*end) >= before  # changed in place throughout, never rebuilt
+
+
 def test_kernel_counters_move_with_traffic(three_dc):
     prefix = three_dc.prefix
     testbed = attach(prefix)
