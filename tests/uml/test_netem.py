@@ -7,6 +7,7 @@ host's benchmarks stay the fidelity reference. A silent fall-back to the userspa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -256,9 +257,16 @@ def test_every_link_fault_kind_is_netem_on_both_ends_on_schedule_and_cleared(thr
              ("bandwidth", 5.5, lambda line: "rate 10Mbit" in line)]
     looks += [(f"flap down {k}", 8.0 + 2 * k, lambda line: "loss 100%" in line) for k in range(3)]
     looks += [(f"flap up {k}", 9.0 + 2 * k, lambda line: "loss" not in line) for k in range(3)]
-    # the clock starts 5 s from now: start() and the fault thread open the namespaces' netlink sockets (1 s each
-    # in UML, once per thread) and start() collects the heap, before it
-    driver = FaultDriver(attach(prefix), faults, "uml", 0, None, None, zero=time.time() + 5.0)
+    testbed = attach(prefix)
+    # UML pays for the first touch of each page of code and data a change uses (the first change of a process took
+    # 2.7 s there, the next 0.02 s; on the host 5 ms and 2 ms, measured 2026-11-25): one change and its clear first
+    testbed.apply_fault("warm-up", {key: dataclasses.replace(testbed.plan.link_end(key).shaping.params, loss=0.001)
+                                    for key in ("east->west", "west->east")})
+    testbed.clear_fault("warm-up")
+    # the clock starts 10 s from now: start() collects the heap and opens the namespaces' netlink sockets, and the
+    # fault thread its own (pyroute2 keeps one per thread), 1 s each in UML (from 5 s, the first fault came up to 2 s
+    # late: the thread was still opening them)
+    driver = FaultDriver(testbed, faults, "uml", 0, None, None, zero=time.time() + 10.0)
     seen: dict[str, list[str]] = {}
     try:
         driver.start()
