@@ -212,6 +212,19 @@ def p2p_link_bytes(network: Network, src: int, dst: int, nbytes: float, messages
     return {} if a == b else dict.fromkeys(network.path(a, b).hops, nbytes + messages * MESSAGE_BYTES)
 
 
+def gloo_broadcast_link_bytes(network: Network, ranks: list[int], root: int, nbytes: float) -> dict[str, float]:
+    """Bytes gloo's broadcast (gloo/broadcast.cc: a binomial tree over the ranks renumbered from the root; in
+    round i the 2^i ranks that hold the buffer each send all of it to their number + 2^i) puts on each inter-DC
+    link direction: 4 ranks in 2 DCs of 2 from rank 0 cross twice, 0 -> 2 and 1 -> 3 (after 0 -> 1)."""
+    g = len(ranks)
+    out: dict[str, float] = {}
+    for bit in range(max(0, g - 1).bit_length()):
+        for virtual in range(min(1 << bit, g - (1 << bit))):
+            src, dst = ranks[(virtual + root) % g], ranks[(virtual + (1 << bit) + root) % g]
+            add_bytes(out, p2p_link_bytes(network, src, dst, nbytes))
+    return out
+
+
 def add_bytes(total: dict[str, float], more: dict[str, float], times: float = 1.0) -> dict[str, float]:
     for key, value in more.items():
         total[key] = total.get(key, 0.0) + value * times

@@ -22,6 +22,7 @@ from testbed.model.collectives import (
     add_bytes,
     gloo_all_gather,
     gloo_all_reduce,
+    gloo_broadcast_link_bytes,
     gloo_reduce_scatter,
     gloo_ring,
     gloo_segments,
@@ -63,6 +64,7 @@ class Prediction:
     pipeline_s: float = 0.0  # per step (pipelines): the schedule's span
     tokens_per_step: float = 0.0
     link_bytes: dict[str, float] = field(default_factory=dict)  # payload per step, per inter-DC link direction
+    once_link_bytes: dict[str, float] = field(default_factory=dict)  # payload once per run (start-up), the same
     explain: str = ""
 
     @property
@@ -310,8 +312,10 @@ def ddp(m: CellModel) -> Prediction:
         walls.append(clock - begin)
     exposed = _measured(m, comms)
     hook = " in fp16 (DDP's fp16_compress_hook)" if opts.comm_hook == "fp16" else ""
+    # DDP's constructor broadcasts the parameters from rank 0 (_sync_module_states; this model has no buffers)
+    once = gloo_broadcast_link_bytes(net, world, 0, 4 * shapes.parameter_count(shapes.config(opts)))
     return Prediction("ddp", _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m), link_bytes=link,
+                      tokens_per_step=_tokens(m), link_bytes=link, once_link_bytes=once,
                       explain=f"DDP's {len(buckets)} buckets, each all-reduced over all {net.world} ranks{hook} as "
                               f"the last micro-batch's backward produces it: {exposed * 1e3:.0f} ms left exposed after "
                               f"compute{_round_trips(net, exposed)}")
