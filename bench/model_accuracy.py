@@ -31,7 +31,8 @@ from testbed.model.calibration import fit  # noqa: E402
 from testbed.model.predict import CALIBRATION_FILE  # noqa: E402
 from testbed.spec.topology import topology_from_data  # noqa: E402
 
-SHIPPED = ("quickstart", "hierarchical-vs-flat", "pipeline-across-dcs", "distance-sweep", "diloco-vs-dp")
+SHIPPED = ("quickstart", "hierarchical-vs-flat", "pipeline-across-dcs", "distance-sweep", "diloco-vs-dp", "vs-pytorch",
+           "compression-vs-pytorch")  # faults.yaml is not: its cells are judged by what the faults cost
 
 
 def refit(run_dir: Path) -> None:
@@ -95,29 +96,36 @@ def error_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def with_congestion_control(name: str, congestion_control: str, directory: Path) -> Path:
-    """A copy of shipped experiment `name` whose topology (inlined) has every node run `congestion_control`."""
+def variant(name: str, directory: Path, congestion_control: str | None = None,
+            repetitions: int | None = None) -> Path:
+    """Shipped experiment `name` as it is, or a copy whose topology (inlined) has every node run
+    `congestion_control` and/or that runs `repetitions` repetitions."""
     import yaml
 
     source = ROOT / "experiments" / f"{name}.yaml"
+    if congestion_control is None and repetitions is None:
+        return source
     data = yaml.safe_load(source.read_text())
-    topology = data["topology"]
-    if isinstance(topology, str):
-        topology = yaml.safe_load((source.parent / topology).read_text())
-    data["topology"] = {**topology, "tcp": {"congestion_control": congestion_control}}
+    if congestion_control is not None:
+        topology = data["topology"]
+        if isinstance(topology, str):
+            topology = yaml.safe_load((source.parent / topology).read_text())
+        data["topology"] = {**topology, "tcp": {"congestion_control": congestion_control}}
+    if repetitions is not None:
+        data["repetitions"] = repetitions
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
-def run_shipped(out: Path, congestion_control: str | None = None) -> list[Path]:
+def run_shipped(out: Path, names: tuple[str, ...] = SHIPPED, congestion_control: str | None = None,
+                repetitions: int | None = None) -> list[Path]:
     import tempfile
 
     dirs = []
     with tempfile.TemporaryDirectory(prefix="model-accuracy-") as scratch:
-        for name in SHIPPED:
-            path = (with_congestion_control(name, congestion_control, Path(scratch)) if congestion_control
-                    else ROOT / "experiments" / f"{name}.yaml")
+        for name in names:
+            path = variant(name, Path(scratch), congestion_control, repetitions)
             subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(out)],
                            cwd=ROOT, check=False)
             runs = sorted(p for p in (out / name).glob("*") if (p / "manifest.json").exists())
@@ -133,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     parser.add_argument("--tcp", metavar="CC", help="with --run: every node runs this congestion control (the "
                         "model's slow start is CUBIC's and Reno's; a host running BBR must allow cubic first)")
+    parser.add_argument("--experiments", default=",".join(SHIPPED),
+                        help="with --run: which shipped experiments, comma-separated (default: all of them)")
+    parser.add_argument("--repetitions", type=int, help="with --run: this many repetitions per cell instead of "
+                        "each experiment's own")
     parser.add_argument("--no-refit", action="store_true", help="use each run's calibration.json as it is")
     parser.add_argument("--csv", type=Path, help="write every cell's figures here")
     parser.add_argument("--a-priori", action="store_true", help="real compute from the calibration's profile only, "
@@ -142,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         import testbed.model.predict as predict
 
         predict.warmup_local = lambda *_: None
-    runs = list(args.runs) + (run_shipped(args.out, args.tcp) if args.run else [])
+    runs = list(args.runs) + (run_shipped(args.out, tuple(args.experiments.split(",")), args.tcp, args.repetitions)
+                                 if args.run else [])
     if not runs:
         parser.error("give run directories, or --run")
     frames = []
