@@ -5,6 +5,7 @@ activation bytes and FLOPs. The same rules as testbed.workload (tests hold them 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from testbed.spec.presets import PRESETS, ModelConfig, split_points
@@ -19,13 +20,18 @@ def config(opts: Options) -> ModelConfig:
     return dataclasses.replace(cfg, seq_len=opts.seq_len) if opts.seq_len else cfg
 
 
+def module_shapes(cfg: ModelConfig) -> list[list[tuple[int, ...]]]:
+    """Per module (embedding, each block, head), the shape of each parameter, in registration order."""
+    d, r = cfg.d_model, cfg.mlp_ratio
+    embed = [(cfg.vocab, d), (cfg.seq_len, d)]
+    block = [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (r * d, d), (r * d,), (d, r * d), (d,)]
+    head = [(d,), (d,), (cfg.vocab, d)]
+    return [embed, *[list(block) for _ in range(cfg.n_layers)], head]
+
+
 def module_tensors(cfg: ModelConfig) -> list[list[int]]:
     """Per module (embedding, each block, head), the element count of each parameter, in registration order."""
-    d, r = cfg.d_model, cfg.mlp_ratio
-    embed = [cfg.vocab * d, cfg.seq_len * d]
-    block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, r * d * d, r * d, r * d * d, d]
-    head = [d, d, d * cfg.vocab]
-    return [embed, *[list(block) for _ in range(cfg.n_layers)], head]
+    return [[math.prod(shape) for shape in module] for module in module_shapes(cfg)]
 
 
 def tensors(cfg: ModelConfig) -> list[int]:
@@ -66,6 +72,25 @@ def ddp_buckets(cfg: ModelConfig, bucket_cap_mb: float) -> list[int]:
     if current:
         out.append(current)
     return out
+
+
+POWERSGD_MIN_COMPRESSION_RATE = 2  # PowerSGDState's default min_compression_rate
+
+
+def powersgd_elements(cfg: ModelConfig, rank: int) -> tuple[int, int, int]:
+    """(uncompressed, P, Q) element counts DDP's powerSGD_hook all-reduces, one after the other, for a bucket of
+    the whole model: each gradient viewed as shape[0] x the rest (n x m) is compressed to P (n x k) and Q (m x k),
+    k = min(n, m, rank), where (n + m) k x min_compression_rate < n m; the others (the vectors) go as they are."""
+    plain = p = q = 0
+    for module in module_shapes(cfg):
+        for shape in module:
+            n, m = shape[0], math.prod(shape[1:])
+            k = min(n, m, rank)
+            if (n + m) * k * POWERSGD_MIN_COMPRESSION_RATE < n * m:
+                p, q = p + n * k, q + m * k
+            else:
+                plain += n * m
+    return plain, p, q
 
 
 def fsdp_units(cfg: ModelConfig) -> list[int]:

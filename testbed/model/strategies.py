@@ -286,34 +286,44 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
 def ddp(m: CellModel) -> Prediction:
     """DistributedDataParallel: DDP's buckets (parameters in reverse, the first closed at 1 MiB) each all-reduced
     over all ranks as soon as the last micro-batch's backward has produced it, ProcessGroupGloo running two at a
-    time on the group's one set of connections; fp16_compress_hook all-reduces half the bytes."""
+    time on the group's one set of connections; fp16_compress_hook all-reduces half the bytes; powerSGD_hook
+    (one bucket: several are refused at load time), from its start step on, all-reduces the vectors, then P, then
+    Q, each after the one before (its futures' chain), instead of the bucket."""
     opts, net, t = m.opts, m.network, m.transport
-    if opts.comm_hook not in ("none", "fp16"):
-        raise KeyError(f"the cost model has no predictor for ddp with comm_hook {opts.comm_hook!r} (covered: none, fp16)")
+    if opts.comm_hook not in ("none", "fp16", "powersgd"):
+        raise KeyError(f"the cost model has no predictor for ddp with comm_hook {opts.comm_hook!r} "
+                       "(covered: none, fp16, powersgd)")
     sim = Sim(net, t)
-    buckets = shapes.ddp_buckets(shapes.config(opts), opts.bucket_cap_mb)
+    cfg = shapes.config(opts)
+    buckets = shapes.ddp_buckets(cfg, opts.bucket_cap_mb)
     world = list(range(net.world))
     element = 2 if opts.comm_hook == "fp16" else 4
+    lowrank = shapes.powersgd_elements(cfg, opts.powersgd_rank) if opts.comm_hook == "powersgd" else None
     compute = m.compute_s * opts.micro_batches
-    clock, walls, comms, link = 0.0, [], [], {}
+    clock, walls, comms, total = 0.0, [], [], {}  # total: every step's bytes (PowerSGD's first steps are plain)
     slots = [0.0, 0.0]  # ProcessGroupGloo's two worker threads
-    for _step in range(opts.steps):
+    for step in range(opts.steps):
         begin = clock
-        done, link = clock, {}
+        done = clock
         for size, ready in zip(buckets, _bucket_ready(m, clock, buckets)):  # DDP runs real compute only
             slot = min(range(2), key=lambda k: slots[k])
             start = max(ready, slots[slot])
-            slots[slot] = gloo_all_reduce(sim, world, element * size, start, "ddp")
-            done = max(done, slots[slot])
-            add_bytes(link, _ring_bytes(net, world, element * size, ("rs", "ag"), t.segment_bytes))
+            parts = [size] if lowrank is None or step < opts.powersgd_start_iter else [n for n in lowrank if n]
+            for part in parts:
+                start = gloo_all_reduce(sim, world, element * part, start, "ddp")
+                add_bytes(total, _ring_bytes(net, world, element * part, ("rs", "ag"), t.segment_bytes))
+            slots[slot] = start
+            done = max(done, start)
         compute_end = clock + compute
         clock = max(compute_end, done)
         comms.append(clock - compute_end)
         walls.append(clock - begin)
     exposed = _measured(m, comms)
-    hook = " in fp16 (DDP's fp16_compress_hook)" if opts.comm_hook == "fp16" else ""
+    link = _scaled(total, 1 / max(1, opts.steps))
+    hook = {"fp16": " in fp16 (DDP's fp16_compress_hook)", "none": "",
+            "powersgd": f" as PowerSGD's rank-{opts.powersgd_rank} factors (three all-reduces in turn)"}[opts.comm_hook]
     # DDP's constructor broadcasts the parameters from rank 0 (_sync_module_states; this model has no buffers)
-    once = gloo_broadcast_link_bytes(net, world, 0, 4 * shapes.parameter_count(shapes.config(opts)))
+    once = gloo_broadcast_link_bytes(net, world, 0, 4 * shapes.parameter_count(cfg))
     return Prediction("ddp", _measured(m, walls), compute, exposed,
                       tokens_per_step=_tokens(m), link_bytes=link, once_link_bytes=once,
                       explain=f"DDP's {len(buckets)} buckets, each all-reduced over all {net.world} ranks{hook} as "

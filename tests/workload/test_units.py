@@ -185,9 +185,34 @@ def test_the_cost_model_counts_the_real_model_without_torch():
     for cfg in PRESETS.values():
         model = GPT(cfg)
         assert shapes.tensors(cfg) == [p.numel() for p in model.parameters()]
+        assert [shape for module in shapes.module_shapes(cfg) for shape in module] == [
+            tuple(p.shape) for p in model.parameters()]
         modules = list(model)
         assert shapes.chunk_parameters(cfg, 3) == [sum(p.numel() for m in modules[lo:hi] for p in m.parameters())
                                                    for lo, hi in split_points(len(modules), 3)]
+
+
+def test_the_cost_model_splits_gradients_as_powersgd_does():
+    """powerSGD_hook's own test of which gradients it compresses, on the real model's parameters: the vectors and
+    the matrices not worth it all-reduced as they are, the others as P (n x k) and Q (m x k)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, _should_compress
+
+    from testbed.model import shapes
+    from testbed.spec.presets import PRESETS
+
+    rate = PowerSGDState(process_group=None).min_compression_rate
+    assert rate == shapes.POWERSGD_MIN_COMPRESSION_RATE
+    for cfg in PRESETS.values():
+        for rank in (1, 4):
+            plain = p = q = 0
+            for param in GPT(cfg).parameters():
+                n, m = param.view(param.shape[0], -1).shape
+                k = min(n, m, rank)
+                if _should_compress(n, m, k, rate)[0]:
+                    p, q = p + n * k, q + m * k
+                else:
+                    plain += n * m
+            assert shapes.powersgd_elements(cfg, rank) == (plain, p, q)
 
 
 def test_the_cost_model_buckets_gradients_as_ddp_and_units_as_fsdp2():
