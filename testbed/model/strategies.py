@@ -299,6 +299,9 @@ def ddp(m: CellModel) -> Prediction:
     world = list(range(net.world))
     element = 2 if opts.comm_hook == "fp16" else 4
     lowrank = shapes.powersgd_elements(cfg, opts.powersgd_rank) if opts.comm_hook == "powersgd" else None
+    if lowrank is not None and len(buckets) > 1:
+        raise KeyError("the cost model predicts ddp with comm_hook powersgd over one bucket only (several are refused "
+                       "at load time)")
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, total = 0.0, [], [], {}  # total: every step's bytes (PowerSGD's first steps are plain)
     slots = [0.0, 0.0]  # ProcessGroupGloo's two worker threads
