@@ -64,7 +64,7 @@ class Prediction:
     pipeline_s: float = 0.0  # per step (pipelines): the schedule's span
     tokens_per_step: float = 0.0
     link_bytes: dict[str, float] = field(default_factory=dict)  # payload per step, per inter-DC link direction
-    once_link_bytes: dict[str, float] = field(default_factory=dict)  # payload once per run (start-up), the same
+    once_link_bytes: dict[str, float] = field(default_factory=dict)  # payload once per run (start-up), per direction
     explain: str = ""
 
     @property
