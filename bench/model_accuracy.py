@@ -1,6 +1,7 @@
 """How well the cost model predicts the shipped experiments: per cell predicted vs measured mean step, inter-DC
 bytes against the kernel counters, and whether the predicted best strategy at each sweep point is the measured
-best; the error table (median and p90 of |predicted/measured - 1| per experiment and strategy).
+best; the error table (median and p90 of |predicted/measured - 1| per experiment and strategy), and where cells
+have repetitions how far they lie from the median of theirs (the floor for any prediction made before them).
 
     .venv/bin/python bench/model_accuracy.py results/quickstart/<run> results/hierarchical-vs-flat/<run> ...
     .venv/bin/python bench/model_accuracy.py --run            # run every shipped experiment first (long; as root,
@@ -96,6 +97,26 @@ def error_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def repeatability(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per experiment with repetitions: how far each shaped cell's measured mean step lies from the median of its
+    repetitions (|step_s_mean / median - 1|), beside the model's error on the same cells: a prediction made before
+    a cell's measured steps cannot be held tighter than the cells themselves repeat."""
+    ok = summary[(summary["status"] == "ok") & ~summary["baseline"].astype(bool)].dropna(subset=["step_error"])
+    rows = []
+    for experiment, part in ok.groupby("experiment", sort=False):
+        keys = ["strategy"] + [c for c in part.columns if c.startswith(("links[", "workload."))]
+        counts = part.groupby(keys, dropna=False)["step_s_mean"].transform("count")
+        part = part[counts > 1]
+        if part.empty:
+            continue
+        spread = (part["step_s_mean"] / part.groupby(keys, dropna=False)["step_s_mean"].transform("median") - 1).abs()
+        error = part["step_error"].abs()
+        rows.append({"experiment": experiment, "cells": len(part), "repetitions median": spread.median(),
+                     "repetitions p90": spread.quantile(0.9), "repetitions worst": spread.max(),
+                     "model median": error.median(), "model p90": error.quantile(0.9)})
+    return pd.DataFrame(rows)
+
+
 def variant(name: str, directory: Path, congestion_control: str | None = None,
             repetitions: int | None = None) -> Path:
     """Shipped experiment `name` as it is, or a copy whose topology (inlined) has every node run
@@ -170,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     matches = best_match(summary)
     print(errors.to_markdown(index=False, floatfmt=".1%"))
     print()
+    spread = repeatability(summary)
+    if not spread.empty:
+        print(spread.to_markdown(index=False, floatfmt=".1%"))
+        print()
     if not matches.empty:
         print(matches.to_markdown(index=False, floatfmt=".1%"))
         print(f"\npredicted best = measured best at {int(matches['match'].sum())} of {len(matches)} sweep points")
