@@ -56,13 +56,18 @@ def cells(run_dir: Path) -> pd.DataFrame:
     return summary
 
 
+def sweep_keys(frame: pd.DataFrame) -> list[str]:
+    """The columns that make a sweep point (links[...] and workload.* values)."""
+    return [c for c in frame.columns if c.startswith(("links[", "workload."))]
+
+
 def best_match(summary: pd.DataFrame) -> pd.DataFrame:
     """Per sweep point: the measured and the predicted fastest strategy (median over repetitions)."""
     rows = []
     for experiment, part in summary.groupby("experiment", sort=False):
         agg = aggregate(part.drop(columns=["experiment", "run"]).dropna(axis=1, how="all"))
         shaped = agg[agg["baseline"] == "False"]
-        keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
+        keys = sweep_keys(agg)
         for point, group in (shaped.groupby(keys, sort=False) if keys else [((), shaped)]):
             if "tokens_per_s_predicted" not in group or group["tokens_per_s_predicted"].isna().all():
                 continue
@@ -104,7 +109,7 @@ def repeatability(summary: pd.DataFrame) -> pd.DataFrame:
     ok = summary[(summary["status"] == "ok") & ~summary["baseline"].astype(bool)].dropna(subset=["step_error"])
     rows = []
     for experiment, part in ok.groupby("experiment", sort=False):
-        keys = ["strategy"] + [c for c in part.columns if c.startswith(("links[", "workload."))]
+        keys = ["strategy", *sweep_keys(part)]
         counts = part.groupby(keys, dropna=False)["step_s_mean"].transform("count")
         part = part[counts > 1]
         if part.empty:

@@ -157,7 +157,7 @@ def test_pytorchs_strategies_pay_for_the_long_link_as_they_overlap():
 
 def test_powersgd_sends_its_factors_in_three_all_reduces_in_turn_from_its_start_step():
     """Before powersgd_start_iter DDP's plain all-reduce; from it the vectors, P and Q (the workload's counter
-    said 33 280 bytes a step for the tiny GPT at rank 1, vs-pytorch 2026-11-26: (3456 + 2880 + 1984) x 4), each
+    said 33 280 bytes a step for the tiny GPT at rank 1, compression-vs-pytorch 2026-11-26: (3456 + 2880 + 1984) x 4), each
     all-reduce after the one before: on a long link three rings' latency instead of one, so it is slower than
     plain DDP over one bucket though it sends a few percent of the bytes. Bytes are the mean over every step."""
     common = {"latency": 0.02, "steps": 12, "preset": "tiny", "bucket_cap_mb": 25, "compute_s": 0.2}
