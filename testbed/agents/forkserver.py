@@ -11,6 +11,8 @@ threads then; forking copies only the calling thread, so T must be 1). The contr
 
     {"spawn": ID, "netns": NAME, "module": MODULE, "args": [...], "env": {...}, "log": PATH}
 
+(NAME null: the child stays in the server's own namespace, as ranks on loopback do)
+
 and the server forks a child that: becomes the leader of a new session (the controller signals its group), dies
 with the server (PR_SET_PDEATHSIG), enters /run/netns/NAME, sends stdout and stderr to PATH (truncated) and
 reads /dev/null, replaces its environment by `env`, and runs MODULE as `python -m MODULE ARGS` would (runpy);
@@ -76,7 +78,8 @@ def _child(request: dict, server: int, wakeup: tuple[int, int]) -> int:
     os.dup2(log, 2)
     os.close(log)
     os.close(null)
-    enter(request["netns"])  # before any socket of the rank exists
+    if request["netns"] is not None:
+        enter(request["netns"])  # before any socket of the rank exists
     os.environ.clear()
     os.environ.update(request["env"])
     gc.enable()

@@ -23,9 +23,11 @@ LOST = -signal.SIGKILL  # a rank whose server died: its PR_SET_PDEATHSIG killed 
 
 
 class ForkServer:
-    """One fork server per run; `namespace` maps a node's name to its network namespace."""
+    """One fork server per run; `namespace` maps a node's name to its network namespace (None: the server's own,
+    for ranks on loopback)."""
 
-    def __init__(self, preload: str, log: Path, env: dict[str, str], namespace: Callable[[str], str]) -> None:
+    def __init__(self, preload: str, log: Path, env: dict[str, str],
+                 namespace: Callable[[str], str | None]) -> None:
         self.namespace = namespace
         self.exits: dict[int, int] = {}  # pid -> exit status, in the order the server reported them
         self.live: set[int] = set()

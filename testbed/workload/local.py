@@ -2,7 +2,8 @@
 
 Each process initialises torch.distributed once and runs every configuration in turn (torch's import
 and rendezvous are paid once), writing metrics and dumps under the directory given. Used by the tests and
-bench/workload.py; `python -m testbed.workload` under torchrun is the user-facing way.
+bench/workload.py; `python -m testbed.workload` under torchrun is the user-facing way. The ranks are fresh
+pythons unless the caller passes `spawn` (the tests fork them from a process that imported torch once).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from testbed.workload.options import Options
 
@@ -25,8 +27,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class Rank(Protocol):
+    """What launch needs of a rank's process (subprocess.Popen has it)."""
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+
+# how a rank starts: (module, its arguments, the whole environment, the log for stdout and stderr) -> the process
+Spawn = Callable[[str, list[str], dict[str, str], Path], Rank]
+
+
+def exec_rank(module: str, args: list[str], env: dict[str, str], log: Path) -> Rank:
+    """A fresh python running `module` (it imports torch itself)."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
 def launch(num_dcs: int, nodes_per_dc: int, runs: list[Options], out: Path, timeout: float = 300,
-           env: dict[str, str] | None = None, dc_sizes: Sequence[int] | None = None) -> None:
+           env: dict[str, str] | None = None, dc_sizes: Sequence[int] | None = None, spawn: Spawn = exec_rank) -> None:
     """Run `runs` on num_dcs x nodes_per_dc ranks (or DCs of `dc_sizes` ranks) on loopback; raises with the
     failing rank's stderr."""
     sizes = list(dc_sizes) if dc_sizes else [nodes_per_dc] * num_dcs
@@ -44,22 +66,19 @@ def launch(num_dcs: int, nodes_per_dc: int, runs: list[Options], out: Path, time
                     "TESTBED_DC": str(dc_of[rank])}
         if len(set(sizes)) == 1:
             rank_env["TESTBED_NODES_PER_DC"] = str(sizes[0])
-        log = open(out / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "testbed.workload.local", str(spec)], env=rank_env,
-                                       stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append(spawn("testbed.workload.local", [str(spec)], rank_env, out / f"rank{rank}.log"))
     failed = None
     try:
-        for rank, (proc, _) in enumerate(procs):
+        for rank, proc in enumerate(procs):
             if proc.wait(timeout=timeout) != 0 and failed is None:
                 failed = rank
     except subprocess.TimeoutExpired:
         failed = -1
     finally:
-        for proc, log in procs:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            log.close()
     if failed is not None:
         which = 0 if failed < 0 else failed
         tail = (out / f"rank{which}.log").read_text()[-3000:]
