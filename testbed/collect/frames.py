@@ -16,6 +16,9 @@ Per cell (steps after the warm-up only):
 - delay_late_p99_ms: how late the userspace delay line itself released packets (p99 on the cell's worst link;
   flagged when above max(5 % of that link's delay, 1 ms)): emulator error, as opposed to the endpoints' own
   scheduling. netem keeps no such figure;
+- host_steal: the share of this machine's CPU time its hypervisor took (/proc/stat's steal) during the
+  measured steps (netns and docker, whose ranks share this machine's cores; testbed.runner.hostcpu); flagged
+  (host_steal_flag) above HOST_STEAL_BOUND: the cell's step time is then partly the host's other guests';
 - stall_s: what the measured steps slower than STALL_FACTOR x the median step took beyond the median (a
   partition, a killed peer's timeout, a straggler); effective_time_ratio: the median step times the measured
   steps over their summed wall time (productive step time over wall time: 1.0 when nothing stalled);
@@ -78,6 +81,21 @@ def worst_lateness(result: dict) -> dict:
     return {"delay_late_p99_ms": links[worst]["p99_ms"], "delay_late_max_ms": max(v["max_ms"] for v in links.values()),
             "delay_late_link": worst, "delay_late_bound_ms": links[worst]["bound_ms"],
             "delay_late_flag": any(value["late"] for value in links.values())}
+
+
+HOST_STEAL_BOUND = 0.02  # share of CPU time stolen during the measured steps above which a cell is flagged
+
+
+def host_steal(result: dict, start: float, end: float) -> float | None:
+    """The share of all CPU time stolen between `start` and `end` (epoch seconds), from the cell's samples
+    (testbed.runner.hostcpu): from the last sample at or before `start` to the first at or after `end`."""
+    samples = (result.get("host_cpu") or {}).get("samples") or []
+    before = [s for s in samples if s[0] <= start]
+    after = [s for s in samples if s[0] >= end]
+    if not before or not after:
+        return None
+    (_, total0, steal0), (_, total1, steal1) = before[-1], after[0]
+    return (steal1 - steal0) / (total1 - total0) if total1 > total0 else None
 
 
 STEP_REQUIRED = ("step", "wall_s", "tokens")  # what a step line must carry (testbed.steplog documents the format)
@@ -171,6 +189,11 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
                 "workload_payload_inter_gb_per_step": _mean_gb(per_step, "payload"),
                 **stall_figures(per_step["wall"], restart_cost(result)),
             })
+            if "time" in measured and measured["time"].notna().all():
+                stolen = host_steal(result, float((measured["time"] - measured["wall_s"]).min()),
+                                    float(measured["time"].max()))
+                if stolen is not None:
+                    row["host_steal"], row["host_steal_flag"] = stolen, stolen > HOST_STEAL_BOUND
             if "pipeline_s" in measured and measured["pipeline_s"].notna().any():
                 pp = measured.dropna(subset=["pipeline_s"])
                 row["bubble_ratio"] = float(pp["bubble_s"].sum() / pp["pipeline_s"].sum())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.collect.faults import fault_windows, sdc_table, timeline_plot
-from testbed.collect.frames import add_predictions, aggregate, load_results, load_steps, summarise
+from testbed.collect.frames import HOST_STEAL_BOUND, add_predictions, aggregate, load_results, load_steps, summarise
 from testbed.collect.gates import check_line, check_thresholds
 
 EFFICIENCY_FLOOR = 0.9
@@ -158,7 +158,7 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
             lines.append(f"{row['strategy']} falls below {EFFICIENCY_FLOOR:.0%} of the best single-site throughput"
                          f"{' at ' + _at(row, keys) if keys else ''}: {row['efficiency_vs_single_site']:.0%} ({cost}).")
     lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
-    return lines + lateness_lines(summary)
+    return lines + lateness_lines(summary) + steal_lines(summary)
 
 
 def lateness_lines(summary: pd.DataFrame) -> list[str]:
@@ -169,6 +169,17 @@ def lateness_lines(summary: pd.DataFrame) -> list[str]:
             f"late at p99 on {row['delay_late_link']} (bound {row['delay_late_bound_ms']:.2f} ms = max(5 % of its delay, "
             "1 ms)): part of this cell's time is emulator error, not the emulated network's."
             for _, row in summary[summary["delay_late_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
+
+
+def steal_lines(summary: pd.DataFrame) -> list[str]:
+    """Cells during whose measured steps the hypervisor took this machine's CPU beyond the bound: their step
+    times are partly other guests' load."""
+    if "host_steal_flag" not in summary:
+        return []
+    return [f"Cell `{row['cell']}`: this machine's hypervisor took {row['host_steal']:.1%} of its CPU time during "
+            f"the measured steps (bound {HOST_STEAL_BOUND:.0%}, /proc/stat's steal): the ranks share these cores, so "
+            "part of this cell's time is the host's other guests' load, not the emulated system's."
+            for _, row in summary[summary["host_steal_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
 
 
 MODEL_TEXT = ("Each cell predicted by the calibrated cost model without its measured steps: the run's calibration "
@@ -212,6 +223,12 @@ def model_lines(summary: pd.DataFrame, tcp: dict | None = None) -> list[str]:
     lines = [f"Cost model: the mean step of the {len(shaped)} shaped cells was predicted within a median of "
              f"{errors.median():.1%} (p90 {errors.quantile(0.9):.1%}, worst {errors.max():.1%} in "
              f"`{shaped.loc[errors.idxmax(), 'cell']}`)."]
+    if "host_steal_flag" in shaped and (shaped["host_steal_flag"] == True).any():  # noqa: E712 (NaN: not measured)
+        calm = shaped[shaped["host_steal_flag"] == False]["step_error"].abs()  # noqa: E712
+        lines.append(f"{len(shaped) - len(calm)} of them ran while the hypervisor took over {HOST_STEAL_BOUND:.0%} of "
+                     "this machine's CPU (see the notes), which no model of the emulated system predicts"
+                     + (f"; over the other {len(calm)}: median {calm.median():.1%}, p90 {calm.quantile(0.9):.1%}."
+                        if len(calm) else "."))
     slowest = shaped.sort_values("step_s_mean").iloc[-1]
     if isinstance(slowest.get("model_explain"), str) and slowest["model_explain"]:
         lines.append(f"The model on the slowest cell, `{slowest['cell']}` ({slowest['step_s_mean']:.2f} s per step, "

@@ -35,6 +35,7 @@ from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
 from testbed.runner.follow import Follower
+from testbed.runner.hostcpu import StealSampler
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters, node_tcp
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
 from testbed.runner.restarts import checkpoint_env, restart_figures
@@ -183,6 +184,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
            **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files)}
     emulated = registry.get(testbed.state.backend).emulated
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
+    sampler = StealSampler().start() if emulated else None  # the ranks share this machine's CPUs
     launched, clock = time.time(), time.monotonic()
     group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
     follower = None
@@ -224,6 +226,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
             finally:
                 if follower is not None:
                     follower.close()
+                host_cpu = sampler.stop() if sampler else None
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
     lateness = delay_line_lateness(testbed, late_before, testbed.fabric.delay_line_stats())
@@ -239,7 +242,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
-              "delay_line": lateness, "faults": fault_record, "sdc": sdc_record(metrics_dir),
+              "delay_line": lateness, "host_cpu": host_cpu, "faults": fault_record, "sdc": sdc_record(metrics_dir),
               "restarts": restart_figures(metrics_dir / "rank0.jsonl", deaths),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}

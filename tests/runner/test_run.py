@@ -70,6 +70,11 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
         assert float(row["tokens_per_s"]) == pytest.approx(tokens / sum(walls.values()), rel=1e-9)
         assert float(row["step_s_mean"]) == pytest.approx(sum(walls.values()) / len(walls), rel=1e-9)
         assert float(row["step_s_median"]) <= float(row["step_s_p90"])
+        # the hypervisor's share of this machine's CPU during the measured steps, from the cell's samples
+        samples = json.loads((run_dir / "cells" / row["cell"] / "result.json").read_text())["host_cpu"]["samples"]
+        assert len(samples) >= 2 and samples[0][0] <= min(float(r["time"]) - float(r["wall_s"]) for r in mine)
+        assert samples[-1][0] >= max(float(r["time"]) for r in mine)
+        assert 0 <= float(row["host_steal"]) <= 1 and row["host_steal_flag"] in ("True", "False")
     best = max(float(r["tokens_per_s"]) for r in rows if r["baseline"] == "True")
     for row in rows:
         assert float(row["efficiency_vs_single_site"]) == pytest.approx(float(row["tokens_per_s"]) / best)
