@@ -161,25 +161,26 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
     return lines + lateness_lines(summary) + steal_lines(summary)
 
 
+def flagged(summary: pd.DataFrame, flag: str) -> pd.DataFrame:
+    """The rows whose boolean column `flag` is True (a missing column or NaN: not measured, not flagged)."""
+    return summary[summary[flag] == True] if flag in summary else summary.iloc[0:0]  # noqa: E712
+
+
 def lateness_lines(summary: pd.DataFrame) -> list[str]:
     """Cells whose delay line was itself late beyond its bound: their figures carry emulator error."""
-    if "delay_late_flag" not in summary:
-        return []
     return [f"Cell `{row['cell']}`: the userspace delay line itself released packets {row['delay_late_p99_ms']:.2f} ms "
             f"late at p99 on {row['delay_late_link']} (bound {row['delay_late_bound_ms']:.2f} ms = max(5 % of its delay, "
             "1 ms)): part of this cell's time is emulator error, not the emulated network's."
-            for _, row in summary[summary["delay_late_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
+            for _, row in flagged(summary, "delay_late_flag").iterrows()]
 
 
 def steal_lines(summary: pd.DataFrame) -> list[str]:
     """Cells during whose measured steps the hypervisor took this machine's CPU beyond the bound: their step
     times are partly other guests' load."""
-    if "host_steal_flag" not in summary:
-        return []
     return [f"Cell `{row['cell']}`: this machine's hypervisor took {row['host_steal']:.1%} of its CPU time during "
             f"the measured steps (bound {HOST_STEAL_BOUND:.0%}, /proc/stat's steal): the ranks share these cores, so "
             "part of this cell's time is the host's other guests' load, not the emulated system's."
-            for _, row in summary[summary["host_steal_flag"] == True].iterrows()]  # noqa: E712 (NaN: not measured)
+            for _, row in flagged(summary, "host_steal_flag").iterrows()]
 
 
 MODEL_TEXT = ("Each cell predicted by the calibrated cost model without its measured steps: the run's calibration "
@@ -223,8 +224,9 @@ def model_lines(summary: pd.DataFrame, tcp: dict | None = None) -> list[str]:
     lines = [f"Cost model: the mean step of the {len(shaped)} shaped cells was predicted within a median of "
              f"{errors.median():.1%} (p90 {errors.quantile(0.9):.1%}, worst {errors.max():.1%} in "
              f"`{shaped.loc[errors.idxmax(), 'cell']}`)."]
-    if "host_steal_flag" in shaped and (shaped["host_steal_flag"] == True).any():  # noqa: E712 (NaN: not measured)
-        calm = shaped[shaped["host_steal_flag"] == False]["step_error"].abs()  # noqa: E712
+    stolen = flagged(shaped, "host_steal_flag")
+    if not stolen.empty:
+        calm = shaped.drop(stolen.index)["step_error"].abs()
         lines.append(f"{len(shaped) - len(calm)} of them ran while the hypervisor took over {HOST_STEAL_BOUND:.0%} of "
                      "this machine's CPU (see the notes), which no model of the emulated system predicts"
                      + (f"; over the other {len(calm)}: median {calm.median():.1%}, p90 {calm.quantile(0.9):.1%}."

@@ -55,3 +55,19 @@ def test_the_sampler_reads_a_stat_file_until_stopped(tmp_path):
     assert record is not None and record["interval_s"] == 0.01 and len(record["samples"]) >= 3
     assert all(sample[1:] == [cpu_times(STAT)[0], 3643] for sample in record["samples"])
     assert StealSampler(interval=0.01, stat=tmp_path / "missing").start().stop() is None
+
+
+def test_the_report_names_flagged_cells_and_the_models_error_over_the_others():
+    import pandas as pd
+
+    from testbed.collect.report import model_lines, steal_lines
+
+    summary = pd.DataFrame({"cell": ["a", "b", "c", "base"], "status": "ok", "baseline": [False, False, False, True],
+                            "step_s_mean": 1.0, "step_s_predicted": [1.1, 1.02, 1.4, 1.0],
+                            "step_error": [0.1, 0.02, 0.4, 0.0], "host_steal": [0.0, 0.01, 0.3, float("nan")],
+                            "host_steal_flag": [False, False, True, float("nan")]})
+    (line,) = steal_lines(summary)
+    assert line.startswith("Cell `c`: this machine's hypervisor took 30.0% of its CPU time")
+    text = " ".join(model_lines(summary))
+    assert "1 of them ran while the hypervisor took over 2%" in text and "over the other 2: median 6.0%" in text
+    assert steal_lines(summary.drop(columns=["host_steal", "host_steal_flag"])) == []
