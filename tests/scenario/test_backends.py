@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
 
 PAIR = {"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
         "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "200mbit"}]}
-RTT_SLACK_MS = 3.0  # above the configured round trip: endpoints, veths, a loaded 2-core machine
+# above the configured round trip: endpoints, veths, a loaded 2-core machine, and its hypervisor: on 2026-11-26
+# 16:40 netns measured 11.14 ms for 8 ms (p50 of 30 pings) while 9-33 % of the CPU was stolen (/proc/stat);
+# 5 ms still tells the reshaped 8 ms from the 20 ms the link had before, and 20 ms from an unshaped link (~0)
+RTT_SLACK_MS = 5.0
 
 
 @dataclass
