@@ -8,31 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from testbed.fabric.forkserver import ForkedProcess, ForkServer
+from testbed.fabric.forkserver import ForkServer
 from testbed.runner.ranks import server_env
 from testbed.workload.local import Rank, Spawn, exec_rank
 
 _server: list[ForkServer] = []  # the session's fork server, once rank_forks has started it
 
 
-class _Forked:
-    """A forked rank as launch uses it: ForkedProcess with kill()."""
-
-    def __init__(self, process: ForkedProcess) -> None:
-        self.process = process
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self.process.wait(timeout)
-
-    def poll(self) -> int | None:
-        return self.process.poll()
-
-    def kill(self) -> None:
-        self.process.send_signal("KILL")
-
-
 def _fork(module: str, args: list[str], env: dict[str, str], log: Path) -> Rank:
-    return _Forked(_server[0].spawn("rank", module, args, env, log))
+    return _server[0].spawn("rank", module, args, env, log)
 
 
 def spawner() -> Spawn:
