@@ -27,7 +27,15 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from testbed.collect.frames import HOST_STEAL_BOUND, add_predictions, aggregate, load_results, load_steps, summarise  # noqa: E402
+from testbed.collect.frames import (  # noqa: E402
+    HOST_STEAL_BOUND,
+    add_predictions,
+    aggregate,
+    flagged,
+    load_results,
+    load_steps,
+    summarise,
+)
 from testbed.model.calibration import fit  # noqa: E402
 from testbed.model.predict import CALIBRATION_FILE  # noqa: E402
 from testbed.spec.topology import topology_from_data  # noqa: E402
@@ -88,9 +96,8 @@ def error_table(summary: pd.DataFrame) -> pd.DataFrame:
 
     def stats(name: str, strategy: str, part: pd.DataFrame) -> dict:
         step, nbytes = part["step_error"].abs(), part["bytes_error"].abs().dropna()
-        stolen = part["host_steal_flag"] if "host_steal_flag" in part else pd.Series(dtype=object)
         return {"experiment": name, "strategy": strategy, "cells": len(part),
-                f"host steal > {HOST_STEAL_BOUND:.0%}": int((stolen == True).sum()),  # noqa: E712 (NaN: not measured)
+                f"host steal > {HOST_STEAL_BOUND:.0%}": len(flagged(part, "host_steal_flag")),
                 "step median": step.median(), "step p90": step.quantile(0.9), "step worst": step.max(),
                 "bytes median": nbytes.median() if len(nbytes) else None,
                 "bytes worst": nbytes.max() if len(nbytes) else None}

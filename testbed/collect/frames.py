@@ -98,6 +98,12 @@ def host_steal(result: dict, start: float, end: float) -> float | None:
     return (steal1 - steal0) / (total1 - total0) if total1 > total0 else None
 
 
+def flagged(summary: pd.DataFrame, flag: str) -> pd.DataFrame:
+    """The rows whose boolean column `flag` (delay_late_flag, host_steal_flag) is True (a missing column or NaN:
+    not measured, not flagged)."""
+    return summary[summary[flag] == True] if flag in summary else summary.iloc[0:0]  # noqa: E712
+
+
 STEP_REQUIRED = ("step", "wall_s", "tokens")  # what a step line must carry (testbed.steplog documents the format)
 STEP_OPTIONAL = (("wire", "wire_inter"), ("payload", "bytes_inter"))  # summed per step when a script reports them
 

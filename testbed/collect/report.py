@@ -9,7 +9,15 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.collect.faults import fault_windows, sdc_table, timeline_plot
-from testbed.collect.frames import HOST_STEAL_BOUND, add_predictions, aggregate, load_results, load_steps, summarise
+from testbed.collect.frames import (
+    HOST_STEAL_BOUND,
+    add_predictions,
+    aggregate,
+    flagged,
+    load_results,
+    load_steps,
+    summarise,
+)
 from testbed.collect.gates import check_line, check_thresholds
 
 EFFICIENCY_FLOOR = 0.9
@@ -159,11 +167,6 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
                          f"{' at ' + _at(row, keys) if keys else ''}: {row['efficiency_vs_single_site']:.0%} ({cost}).")
     lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
     return lines + lateness_lines(summary) + steal_lines(summary)
-
-
-def flagged(summary: pd.DataFrame, flag: str) -> pd.DataFrame:
-    """The rows whose boolean column `flag` is True (a missing column or NaN: not measured, not flagged)."""
-    return summary[summary[flag] == True] if flag in summary else summary.iloc[0:0]  # noqa: E712
 
 
 def lateness_lines(summary: pd.DataFrame) -> list[str]:
