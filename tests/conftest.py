@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,37 @@ def prefix(state_dir: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TESTBED_PREFIX", value)
     yield value
     tear_down(value)
+
+
+QUICKSTART_CELL = "hier-dp-overlap__*20ms*"  # one 20 ms cell of the quickstart: it crosses the link both ways,
+# overlapped, with the intra- and the inter-DC groups (the quickstart's six take five minutes here)
+
+
+@dataclass(frozen=True)
+class QuickstartRun:
+    proc: subprocess.CompletedProcess
+    run_dir: Path | None
+
+
+@pytest.fixture(scope="session")
+def netns_quickstart(tmp_path_factory: pytest.TempPathFactory) -> QuickstartRun:
+    """`testbed run experiments/quickstart.yaml --only QUICKSTART_CELL` on the netns backend, once per session
+    (root): the cost model's calibration and predictions (tests/model) and the report the compose path must
+    write alike (tests/docker) are read from the same run, which takes ~45 s here. Torn down like `prefix`."""
+    from testbed.fabric.lifecycle import tear_down
+
+    base = tmp_path_factory.mktemp("netns-quickstart")
+    value = f"tb-{uuid.uuid4().hex[:4]}-"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TESTBED_PREFIX", value)
+        env.setenv("TESTBED_STATE_DIR", str(base / "state"))
+        try:
+            proc = run_cli("run", "experiments/quickstart.yaml", "--only", QUICKSTART_CELL, "--out", str(base / "out"),
+                           timeout=900)
+        finally:
+            tear_down(value)
+    runs = sorted((base / "out" / "quickstart").glob("*"))
+    return QuickstartRun(proc, runs[0] if len(runs) == 1 else None)
 
 
 OWNER_LABEL = "testbed.owner-pid"

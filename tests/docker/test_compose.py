@@ -15,7 +15,7 @@ import yaml
 
 from tests.needs import unavailable
 
-from ..conftest import ROOT, run_cli
+from ..conftest import QUICKSTART_CELL, ROOT
 from .conftest import labelled
 
 pytestmark = pytest.mark.root
@@ -23,8 +23,7 @@ pytestmark = pytest.mark.root
 COMPOSE_FILE = "compose/quickstart.yml"
 
 
-ONLY = "hier-dp-overlap__*20ms*"  # one 20 ms cell (it crosses the routers): the quickstart's six take five
-# minutes here, and each cell more costs ~25 s over both halves of the test
+ONLY = QUICKSTART_CELL  # one 20 ms cell: it crosses the routers (each cell more costs ~25 s here)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,7 +61,8 @@ def headings(run_dir) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_compose_quickstart_writes_the_report_the_netns_backend_writes(prefix, docker_image, tmp_path):
+def test_compose_quickstart_writes_the_report_the_netns_backend_writes(prefix, docker_image, tmp_path,
+                                                                      netns_quickstart):
     results = ROOT / "results" / "quickstart"
     before = set(results.glob("*"))
     project = f"tbtest-{uuid.uuid4().hex[:6]}"
@@ -82,10 +82,8 @@ def test_compose_quickstart_writes_the_report_the_netns_backend_writes(prefix, d
     assert down.returncode == 0, down.stderr
     assert labelled("tb-") == []  # compose's containers and networks carry the compose file's prefix
 
-    netns = run_cli("run", "experiments/quickstart.yaml", "--only", ONLY, "--out", str(tmp_path / "netns"),
-                    timeout=900)
-    assert netns.returncode == 0, netns.stderr[-2000:]
-    netns_dir = next((tmp_path / "netns" / "quickstart").glob("*"))
+    assert netns_quickstart.proc.returncode == 0, netns_quickstart.proc.stderr[-2000:]
+    netns_dir = netns_quickstart.run_dir
 
     docker_manifest = json.loads((copy / "manifest.json").read_text())
     assert docker_manifest["backend"] == "docker"
