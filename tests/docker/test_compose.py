@@ -23,9 +23,6 @@ pytestmark = pytest.mark.root
 COMPOSE_FILE = "compose/quickstart.yml"
 
 
-ONLY = QUICKSTART_CELL  # one 20 ms cell: it crosses the routers (each cell more costs ~25 s here)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def compose_v2() -> None:
     """`docker compose` must be compose v2 (a docker CLI plugin): without it docker reads `compose -f` as its own
@@ -50,7 +47,7 @@ def only_override(tmp_path: Path) -> Path:
     """A compose override (docker compose's own way to vary a file) that runs the committed controller's
     command on one 20 ms cell only (`testbed run --only`)."""
     document = yaml.safe_load((ROOT / COMPOSE_FILE).read_text())
-    command = document["services"]["controller"]["command"] + ["--only", ONLY]
+    command = document["services"]["controller"]["command"] + ["--only", QUICKSTART_CELL]
     path = tmp_path / "only-20ms.yml"
     path.write_text(yaml.safe_dump({"services": {"controller": {"command": command}}}))
     return path
