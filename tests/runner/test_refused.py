@@ -8,8 +8,6 @@ process 2 s."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from typer.testing import CliRunner
 
 from testbed.cli.commands import app
 
-from ..conftest import ROOT, namespaces_with
+from ..conftest import namespaces_with, run_cli
 from ..experiments.malformed import MALFORMED, write
 
 pytestmark = pytest.mark.root
@@ -45,7 +43,6 @@ def test_malformed_experiments_are_refused_before_anything_runs(prefix, tmp_path
 @pytest.mark.parametrize("case", AS_PROCESSES)
 def test_the_command_refuses_in_one_line_on_its_stderr(prefix, tmp_path, case):
     path, results = write(tmp_path, case), tmp_path / case / "results"
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(path), "--out", str(results)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("run", str(path), "--out", str(results))
     assert_refused(case, path, results, proc.returncode, proc.stderr)
     assert namespaces_with(prefix) == []
