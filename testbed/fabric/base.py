@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from testbed.agents.tc import LinkCounters
-    from testbed.fabric.forkserver import ForkServer
+    from testbed.fabric.forkserver import Forks
     from testbed.fabric.state import FabricState
     from testbed.plan.network import LinkEnd, NetworkPlan
     from testbed.spec.link import LinkParams
@@ -100,11 +100,9 @@ class Fabric(ABC):
         """Why what plan.not_applied() lists is not applied, in words."""
         return "no netem on this kernel; the userspace delay line serves inter-DC links only"
 
-    def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> ForkServer | None:
-        """A process that has imported `preload` once and forks commands into this fabric's nodes
-        (testbed.agents.forkserver), or None where every command is exec'd: a docker exec or ssh session starts
-        one node's command in its own container or host, where a server would serve a single rank and share
-        nothing (one launcher per container or host pays only with several ranks per node)."""
+    def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> Forks | None:
+        """A process (netns), or one per container or host (docker, ssh), that has imported `preload` once and
+        forks commands into this fabric's nodes (testbed.agents.forkserver); None where every command is exec'd."""
         return None
 
     def fetch_outputs(self, local: Path) -> None:

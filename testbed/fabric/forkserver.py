@@ -1,6 +1,10 @@
-"""The controller's side of testbed.agents.forkserver, for backends whose nodes share this machine's kernel (netns):
-start the server once per run, ask it for one rank at a time, and see each rank as a process (PopenLike) that
-the runner polls, signals and reaps as it does one it exec'd."""
+"""The controller's side of testbed.agents.forkserver: start a server (on this machine for netns, one per container
+or host for docker and ssh), ask it for one rank at a time, and see each rank as a process (PopenLike) that the
+runner polls, signals and reaps as it does one it exec'd.
+
+A server is reached through a Channel: a socketpair to a local process, or a command's stdin and stdout (a docker
+exec, an ssh session) that ends when the command does. A local server's ranks write their logs themselves and are
+signalled here (killpg); a remote server sends their output back and signals them where it runs."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any, Protocol
 
 from testbed.agents import forkserver
 from testbed.fabric.errors import FabricError
@@ -22,21 +27,25 @@ READY_TIMEOUT_S = 120.0  # importing torch on a busy 2-core machine
 LOST = -signal.SIGKILL  # a rank whose server died: its PR_SET_PDEATHSIG killed it
 
 
-class ForkServer:
-    """One fork server per run; `namespace` maps a node's name to its network namespace (None: the server's own,
-    for ranks on loopback)."""
+class Channel(Protocol):
+    """Bytes to and from one server."""
 
-    def __init__(self, preload: str, log: Path, env: dict[str, str],
-                 namespace: Callable[[str], str | None]) -> None:
-        self.namespace = namespace
-        self.exits: dict[int, int] = {}  # pid -> exit status, in the order the server reported them
-        self.live: set[int] = set()
-        self.dead = False
-        self._pending = b""
-        self._replies: list[dict] = []
+    def send(self, data: bytes) -> None:
+        """All of `data`; OSError when the server is gone."""
+
+    def recv(self, timeout: float) -> bytes | None:
+        """What came within `timeout` s (None: nothing; b"": the server's end closed)."""
+
+    def close(self) -> None:
+        """Close our end and let the server go (it kills and reaps its children when our end closes)."""
+
+
+class LocalChannel:
+    """A server on this machine, started here with one end of a socketpair; its own output to `log`."""
+
+    def __init__(self, preload: str, log: Path, env: dict[str, str]) -> None:
         ours, theirs = socket.socketpair()
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.log = log
         with open(log, "wb") as out:
             try:
                 self.proc = subprocess.Popen([sys.executable, "-m", forkserver.MODULE, str(theirs.fileno()), preload],
@@ -45,10 +54,66 @@ class ForkServer:
             finally:
                 theirs.close()
         self.sock = ours
+
+    def send(self, data: bytes) -> None:
+        self.sock.settimeout(30.0)
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float) -> bytes | None:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return None
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ForkServer:
+    """One fork server; `namespace` maps a node's name to its network namespace (None: the server's own: ranks on
+    loopback, in a container, on a host). `remote`: the server runs elsewhere, so ranks' output comes back
+    through it into their logs here and their signals go through it."""
+
+    def __init__(self, channel: Channel, log: Path, namespace: Callable[[str], str | None], remote: bool = False,
+                 wait: bool = True) -> None:
+        self.channel, self.log, self.namespace, self.remote = channel, log, namespace, remote
+        self.exits: dict[int, int] = {}  # pid -> exit status, as the server reported them
+        # pid -> (the pump that saw it end, its place among this server's reports in that pump): one server reports
+        # in the order its ranks died; servers pumped together (one per node) tie within a pump
+        self.deaths: dict[int, tuple[int, int]] = {}
+        self.peers: list[ForkServer] = [self]  # the servers pumped together
+        self._pumps = [0]  # how many pumps so far, shared by the peers
+        self._taken = 0  # exits reported in the current pump
+        self.live: set[int] = set()
+        self.dead = False
+        self._pending = b""
+        self._replies: list[dict] = []
+        self._outputs: dict[int, IO[bytes]] = {}  # pid -> its log here (remote)
+        self.environ: dict[str, str] = {}  # the server's environment as it started (a remote rank's starts from it)
+        if wait:
+            self.ready()
+
+    @classmethod
+    def local(cls, preload: str, log: Path, env: dict[str, str],
+              namespace: Callable[[str], str | None]) -> ForkServer:
+        """A server on this machine (netns, loopback)."""
+        return cls(LocalChannel(preload, log, env), log, namespace)
+
+    def ready(self) -> None:
+        """Wait for the server's first message (it has imported the preload); closes it on any failure."""
         try:
             ready = self._reply(READY_TIMEOUT_S)
+            self.environ = ready.get("env", {})
             if ready.get("threads") != 1:
-                raise FabricError(f"fork server: {ready.get('threads')} threads after importing {preload} "
+                raise FabricError(f"fork server: {ready.get('threads')} threads after importing the preload "
                                   "(a fork copies only one: it must have started none)")
         except BaseException:
             self.close()
@@ -56,22 +121,28 @@ class ForkServer:
 
     # --- messages -------------------------------------------------------------------------------------
     def _take(self, message: dict) -> None:
-        if "exit" in message:
-            self.exits[message["exit"]] = message["code"]
-            self.live.discard(message["exit"])
+        if "out" in message:
+            out = self._outputs.get(message["out"])
+            if out is not None:
+                out.write(message["data"].encode("latin-1"))
+                out.flush()
+        elif "exit" in message:
+            pid = message["exit"]
+            self.exits[pid] = message["code"]
+            self._died(pid)
+            self.live.discard(pid)
+            out = self._outputs.pop(pid, None)
+            if out is not None:
+                out.close()
         else:
             self._replies.append(message)
 
     def _read(self, timeout: float) -> bool:
         """Take what the server has sent, waiting up to `timeout` s for something (0: not at all); whether
         anything came. EOF marks the server dead."""
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(1 << 16)
-        except (BlockingIOError, InterruptedError, TimeoutError):
+        data = self.channel.recv(timeout)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self._lost()
             return False
@@ -85,7 +156,15 @@ class ForkServer:
         self.dead = True
         for pid in self.live:
             self.exits.setdefault(pid, LOST)
+            self._died(pid)
         self.live.clear()
+        for out in self._outputs.values():
+            out.close()
+        self._outputs.clear()
+
+    def _died(self, pid: int) -> None:
+        self.deaths[pid] = (self._pumps[0], self._taken)
+        self._taken += 1
 
     def _reply(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
@@ -99,48 +178,104 @@ class ForkServer:
             self._read(left)
         return self._replies.pop(0)
 
-    def pump(self) -> None:
-        """Take every exit the server has reported so far (never blocks)."""
-        while not self.dead and self._read(0):
-            pass
-
-    # --- ranks ----------------------------------------------------------------------------------------
-    def spawn(self, node: str, module: str, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
-        """Fork `python -m module args` into `node` with exactly `env`, its output to `log`."""
+    def _send(self, message: dict) -> None:
         if self.dead:
             raise FabricError(f"fork server died (see {self.log})")
-        request = {"spawn": node, "netns": self.namespace(node), "module": module, "args": list(args),
-                   "env": env, "log": str(log)}
-        self.sock.settimeout(30.0)
         try:
-            self.sock.sendall((json.dumps(request) + "\n").encode())
+            self.channel.send((json.dumps(message) + "\n").encode())
         except OSError:
             self._lost()
             raise FabricError(f"fork server died (see {self.log})") from None
-        reply = self._reply(30.0)
-        if "error" in reply:
-            raise FabricError(f"{node}: fork failed: {reply['error']}")
+
+    def pump(self) -> None:
+        """Take every exit (and output) this server and its peers have reported so far (never blocks)."""
+        self._pumps[0] += 1
+        for server in self.peers:
+            server._taken = 0
+            while not server.dead and server._read(0):
+                pass
+
+    # --- ranks ----------------------------------------------------------------------------------------
+    def spawn(self, node: str, module: str, args: list[str], env: dict[str, str], log: Path,
+              cwd: str | None = None, mkdirs: tuple[str, ...] = ()) -> ForkedProcess:
+        """Fork `python -m module args` into `node` with exactly `env` (remote: the server's own environment
+        updated by `env`, as an exec'd command's there), in `cwd` after creating `mkdirs` (paths where the server
+        runs), its output to `log` (here)."""
+        request: dict[str, Any] = {"spawn": node, "netns": self.namespace(node), "module": module, "args": list(args),
+                                   "env": {**self.environ, **env} if self.remote else env,
+                                   "log": None if self.remote else str(log), "cwd": cwd, "mkdirs": list(mkdirs)}
+        out = open(log, "wb") if self.remote else None
+        try:
+            self._send(request)
+            reply = self._reply(30.0)
+            if "error" in reply:
+                raise FabricError(f"{node}: fork failed: {reply['error']}")
+        except BaseException:
+            if out is not None:
+                out.close()
+            raise
         self.live.add(reply["pid"])
-        return ForkedProcess(self, reply["pid"], [sys.executable, "-m", module, *args])
+        if out is not None:
+            self._outputs[reply["pid"]] = out
+        return ForkedProcess(self, reply["pid"], ["python" if self.remote else sys.executable, "-m", module, *args])
+
+    def signal(self, pid: int, signal_name: str) -> None:
+        """SIG`signal_name` to rank `pid`'s whole group, where it runs."""
+        if self.remote:
+            try:
+                self._send({"signal": pid, "name": signal_name})
+            except FabricError:
+                pass  # the server is gone, and its ranks with it
+            return
+        try:
+            os.killpg(pid, getattr(signal, f"SIG{signal_name}"))
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def close(self) -> None:
         """Kill what still runs, let the server go (it kills and reaps its children when our end closes)."""
-        for pid in list(self.live):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.sock.close()
+        if not self.remote:
+            for pid in list(self.live):
+                self.signal(pid, "KILL")
+        self.channel.close()
+        for out in self._outputs.values():
+            out.close()
+        self._outputs.clear()
+
+
+class NodeForkServers:
+    """One server per node (a container, a host), started together; a rank is forked by its node's server.
+    `prepare(node, env)`: the rank's environment there, its working directory and the directories to create."""
+
+    def __init__(self, servers: dict[str, ForkServer],
+                 prepare: Callable[[str, dict[str, str]], tuple[dict[str, str], str | None, tuple[str, ...]]]) -> None:
+        self.servers, self.prepare = servers, prepare
+        pumps = [0]
+        for server in servers.values():
+            server.peers, server._pumps = list(servers.values()), pumps
         try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            for server in servers.values():
+                server.ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def spawn(self, node: str, module: str, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
+        there, cwd, mkdirs = self.prepare(node, env)
+        return self.servers[node].spawn(node, module, args, there, log, cwd=cwd, mkdirs=mkdirs)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+
+
+Forks = ForkServer | NodeForkServers  # what a fabric's fork_server() gives the runner
 
 
 class ForkedProcess(PopenLike):
-    """A rank the fork server forked: the leader of its own session; its exit status comes from the server.
-    `order`: how many of the server's ranks had ended before this one (the runner names the first to die)."""
+    """A rank a fork server forked: the leader of its own session; its exit status comes from the server.
+    `order`: when it was seen to end among the run's forked ranks (the runner names the first to die; ranks of
+    different nodes seen in one pump tie)."""
 
     def __init__(self, server: ForkServer, pid: int, argv: list[str]) -> None:
         self.server = server
@@ -156,15 +291,12 @@ class ForkedProcess(PopenLike):
         return self.returncode
 
     @property
-    def order(self) -> int | None:
+    def order(self) -> tuple[int, int] | None:
         if self.poll() is None:
             return None
-        return list(self.server.exits).index(self.pid)
+        return self.server.deaths[self.pid]
 
     def send_signal(self, signal_name: str) -> None:
         if self.poll() is not None:
             return
-        try:
-            os.killpg(self.pid, getattr(signal, f"SIG{signal_name}"))
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.server.signal(self.pid, signal_name)

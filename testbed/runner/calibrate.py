@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.fabric import registry
-from testbed.fabric.forkserver import ForkServer
+from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed
 from testbed.runner.links import calibrate as probe_links
 from testbed.runner.links import counter_delta, inter_dc_counters, node_tcp
@@ -33,7 +33,7 @@ def benchmark_argv(sizes: list[int] | None = None, preset: str | None = None, mi
 
 
 def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node: int = 1,
-            timeout: float = 600, forks: ForkServer | None = None) -> dict[str, Any]:
+            timeout: float = 600, forks: Forks | None = None) -> dict[str, Any]:
     """Run the micro-benchmarks as every rank (forked by `forks` if given); returns {'records', 'probe',
     'link_bytes', 'links', 'world', 'launcher', ...}. Raises RuntimeError naming the rank when one fails."""
     if work_dir.exists():
@@ -81,7 +81,7 @@ def workload_profile(experiment: Any) -> dict[str, Any]:
 
 def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, *, ranks_per_node: int = 1,
                       sizes: list[int] | None = None, reps: int = 1, timeout: float = 600,
-                      forks: ForkServer | None = None):
+                      forks: Forks | None = None):
     """Measure and fit: a testbed.model Calibration for this testbed as its links are now."""
     import os
     import platform

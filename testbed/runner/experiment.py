@@ -29,7 +29,7 @@ from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel, registry
 from testbed.fabric.backend import Backend
 from testbed.fabric.errors import FabricError
-from testbed.fabric.forkserver import ForkServer
+from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
@@ -164,7 +164,7 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
 
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
-             seed: int = 0, sdc_replay: float = 0.0, sdc_replay_by: str = "self", forks: ForkServer | None = None,
+             seed: int = 0, sdc_replay: float = 0.0, sdc_replay_by: str = "self", forks: Forks | None = None,
              restarts: int = 0, checkpoint_every: int = 0) -> dict:
     """Run one cell, with `faults` on their schedule; returns its result record (also written to
     cell_dir/result.json). With `forks`, ranks of the built-in workload are forked by it. After a rank dies,
@@ -308,13 +308,13 @@ def launcher_forks(launcher: str, backend: str | Backend) -> bool:
         raise FabricError(f"--launcher: expected one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     chosen = registry.get(backend) if isinstance(backend, str) else type(backend)
     if launcher == "fork" and not chosen.forks_ranks:
-        raise FabricError(f"--launcher fork: the {chosen.name} backend starts every rank in its own container or "
-                          "host, where a fork server would serve one rank (use exec or auto)")
+        raise FabricError(f"--launcher fork: the {chosen.name} backend starts every rank with a command of its "
+                          "own (use exec or auto)")
     return launcher != "exec" and chosen.forks_ranks
 
 
 @contextmanager
-def fork_server(testbed: Testbed, wanted: bool, run_dir: Path) -> Iterator[ForkServer | None]:
+def fork_server(testbed: Testbed, wanted: bool, run_dir: Path) -> Iterator[Forks | None]:
     """The run's fork server (its output in run_dir/forkserver.log), closed whatever happens; None unless wanted."""
     if not wanted:
         yield None
@@ -329,7 +329,7 @@ CALIBRATION_FILE = "calibration.json"  # testbed.model.predict reads it from the
 
 
 def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment, progress: Any = None,
-                        forks: ForkServer | None = None) -> None:
+                        forks: Forks | None = None) -> None:
     """The cost model's calibration for this run (collective micro-benchmarks over the links as the topology
     sets them, the model's compute profile), written to the run directory; its ranks forked by the run's fork
     server where there is one. A failure is recorded, not fatal: the cells still run, without predictions."""

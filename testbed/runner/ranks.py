@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.fabric.forkserver import ForkServer
+from testbed.fabric.forkserver import Forks
 from testbed.plan.network import NetworkPlan, Node
 from testbed.runner.straggler import ShellStraggler, Straggler, start_straggler
 from testbed.spec.topology import Topology
@@ -113,17 +113,18 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     return specs
 
 
-def died_order(proc) -> int:
-    """Where the fork server saw `proc` end among its ranks (0: first); 0 for an exec'd one (unknown)."""
+def died_order(proc) -> tuple[int, int]:
+    """When its fork server saw `proc` end among the run's ranks (ForkedProcess.order: smaller is earlier, equal
+    is not known apart); (0, 0) for an exec'd one (unknown)."""
     order = getattr(proc, "order", None)
-    return order if order is not None else 0
+    return order if order is not None else (0, 0)
 
 
 class RankGroup:
     """The processes of one cell; always reaped (killed if needed) on close()."""
 
     def __init__(self, fabric, specs: list[RankSpec], argv: list[str], log_dir: Path,
-                 forks: ForkServer | None = None) -> None:
+                 forks: Forks | None = None) -> None:
         """Start every rank: forked by `forks` when argv runs a FORKABLE module, else exec'd by `fabric`."""
         self.fabric, self.specs = fabric, specs
         self.log_dir = log_dir

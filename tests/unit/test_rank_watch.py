@@ -11,7 +11,7 @@ from testbed.runner.ranks import RankGroup, RankSpec
 
 
 class Ended(PopenLike):
-    def __init__(self, code: int | None, order: int | None = None) -> None:
+    def __init__(self, code: int | None, order: tuple[int, int] | None = None) -> None:
         self.returncode, self.argv, self.stdout, self.stderr = code, ["rank"], None, None
         if order is not None:
             self.order = order
@@ -39,5 +39,13 @@ def test_without_a_signal_the_lowest_rank_is_named(tmp_path):
 
 
 def test_a_known_order_comes_first(tmp_path):
-    outcome = group(tmp_path, [Ended(-9, order=1), Ended(1, order=0)]).watch(5)
+    outcome = group(tmp_path, [Ended(-9, order=(3, 1)), Ended(1, order=(3, 0))]).watch(5)
     assert outcome.failed_rank == 1 and "exit code 1" in outcome.reason
+    outcome = group(tmp_path, [Ended(-9, order=(4, 0)), Ended(1, order=(3, 0))]).watch(5)
+    assert outcome.failed_rank == 1 and "exit code 1" in outcome.reason
+
+
+def test_ranks_seen_ending_in_one_pump_of_different_servers_tie(tmp_path):
+    """Fork servers of different nodes (docker) are pumped in turn: equal orders, so the signal decides."""
+    outcome = group(tmp_path, [Ended(1, order=(5, 0)), Ended(-9, order=(5, 0))]).watch(5)
+    assert outcome.failed_rank == 1 and "signal 9" in outcome.reason

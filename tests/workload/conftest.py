@@ -27,7 +27,7 @@ def spawner() -> Spawn:
 @pytest.fixture(scope="session", autouse=True)
 def rank_forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     log = tmp_path_factory.mktemp("forkserver") / "forkserver.log"
-    server = ForkServer("testbed.workload.preload", log, server_env(), namespace=lambda node: None)
+    server = ForkServer.local("testbed.workload.preload", log, server_env(), namespace=lambda node: None)
     _server.append(server)
     try:
         yield
