@@ -1,5 +1,5 @@
-"""Which launcher a run takes (no root): fork where the backend forks ranks, exec elsewhere; a wrong or
-impossible choice is refused before anything is built."""
+"""Which launcher a run takes (no root): fork on every backend (a fork server per run, container or host), exec
+when asked; a wrong choice is refused before anything is built."""
 
 from __future__ import annotations
 
@@ -8,20 +8,19 @@ import pytest
 from testbed.fabric.errors import FabricError
 from testbed.runner.experiment import launcher_forks
 from testbed.runner.ranks import workload_argv
+from tests.fabric.fake_backend import FakeBackend, FakeOptions
 
 
-def test_auto_forks_on_netns_and_execs_on_docker_and_ssh():
-    assert launcher_forks("auto", "netns") is True
-    assert launcher_forks("fork", "netns") is True
-    assert launcher_forks("exec", "netns") is False
-    assert launcher_forks("auto", "docker") is False
-    assert launcher_forks("auto", "ssh") is False
+@pytest.mark.parametrize("backend", ["netns", "docker", "ssh"])
+def test_auto_and_fork_fork_and_exec_execs(backend):
+    assert launcher_forks("auto", backend) is True
+    assert launcher_forks("fork", backend) is True
+    assert launcher_forks("exec", backend) is False
 
 
 @pytest.mark.parametrize(("launcher", "backend", "message"), [
-    ("fork", "docker", "--launcher fork: the docker backend starts every rank in its own container or host"),
-    ("fork", "ssh", "--launcher fork: the ssh backend"),
     ("spawn", "netns", "--launcher: expected one of auto, fork, exec, got 'spawn'"),
+    ("fork", FakeBackend(FakeOptions()), "--launcher fork: the fake backend starts every rank with a command of its own"),
 ])
 def test_refused(launcher, backend, message):
     with pytest.raises(FabricError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):

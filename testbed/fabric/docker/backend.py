@@ -36,6 +36,7 @@ class DockerState(BackendState):
 class DockerBackend(Backend):
     name: ClassVar[str] = "docker"
     summary: ClassVar[str] = "containers"
+    forks_ranks: ClassVar[bool] = True  # a fork server per container
     Options = DockerOptions
     State = DockerState
     options: DockerOptions

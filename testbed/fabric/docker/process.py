@@ -14,7 +14,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 from testbed.agents import bootstrap
@@ -112,6 +114,33 @@ class DockerProcess(PopenLike):
         self._shell().script([signal_group_line(signal_name, self.pid)])
 
 
+STDOUT, STDERR = 1, 2  # docker's stream numbers in a frame's header
+
+
+def split_frames(raw: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """The complete frames at the start of `raw` (docker's stream protocol of an exec without a tty: an 8-byte
+    header, stream and length, then the bytes) as (stream, payload), and the incomplete rest."""
+    frames, offset = [], 0
+    while len(raw) - offset >= 8:
+        size = int.from_bytes(raw[offset + 4: offset + 8], "big")
+        if len(raw) - offset - 8 < size:
+            break
+        frames.append((raw[offset], raw[offset + 8: offset + 8 + size]))
+        offset += 8 + size
+    return frames, raw[offset:]
+
+
+def recv_some(sock: Any, seconds: float) -> bytes | None:
+    """What the exec's socket has within `seconds` (None: nothing came; b"": it closed)."""
+    sock.settimeout(max(seconds, 1e-3))
+    try:
+        return sock.recv(65536)
+    except TimeoutError:
+        return None
+    except OSError:
+        return b""
+
+
 def _text(stream: IO[bytes] | None) -> IO[str] | None:
     import io
 
@@ -140,21 +169,11 @@ class ExecShell:
     def _recv(self, seconds: float) -> bytes:
         """The payload of the frames complete within `seconds` (b"" when none came or the exec ended)."""
         while True:
-            payload, offset = b"", 0
-            while len(self._raw) - offset >= 8:
-                size = int.from_bytes(self._raw[offset + 4: offset + 8], "big")
-                if len(self._raw) - offset - 8 < size:
-                    break
-                payload += self._raw[offset + 8: offset + 8 + size]
-                offset += 8 + size
-            self._raw = self._raw[offset:]
+            frames, self._raw = split_frames(self._raw)
+            payload = b"".join(data for _, data in frames)
             if payload:
                 return payload
-            self._sock.settimeout(max(seconds, 1e-3))
-            try:
-                chunk = self._sock.recv(65536)
-            except (TimeoutError, OSError):
-                return b""
+            chunk = recv_some(self._sock, seconds)
             if not chunk:
                 return b""
             self._raw += chunk
@@ -176,3 +195,46 @@ class ExecShell:
             except OSError:
                 pass
             self._sock = None
+
+
+class ExecChannel:
+    """A command in a container whose stdin and stdout are a channel (testbed.fabric.forkserver.Channel): what it
+    writes to stdout comes back as bytes, its stderr goes to `log`. Closing ours closes its stdin."""
+
+    def __init__(self, api: Any, container: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        exec_id = api.exec_create(container, argv, stdin=True, stdout=True, stderr=True, tty=False,
+                                  environment=env)["Id"]
+        sock = api.exec_start(exec_id, socket=True)
+        self._sock = getattr(sock, "_sock", sock)
+        self._raw = b""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log, "ab")
+
+    def send(self, data: bytes) -> None:
+        self._sock.settimeout(30.0)
+        self._sock.sendall(data)
+
+    def recv(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            frames, self._raw = split_frames(self._raw)
+            out = b""
+            for stream, data in frames:
+                if stream == STDERR:
+                    self._log.write(data)
+                    self._log.flush()
+                else:
+                    out += data
+            if out:
+                return out
+            chunk = recv_some(self._sock, deadline - time.monotonic())
+            if not chunk:
+                return chunk
+            self._raw += chunk
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._log.close()
