@@ -1,10 +1,12 @@
-"""How many ranks this machine holds: a synthetic-compute experiment (flat-dp and hier-dp cells) on 4 DCs of
-N/4 nodes under `testbed run` (netns backend), per launcher: time from launch until every rank has finished its
-first step, the machine's used-memory rise at its peak (MemTotal - MemAvailable, sampled every 0.1 s, against
-the figure before the run), the median step time, and the whole run's wall time (bring-up and teardown included).
+"""How many ranks this machine holds: a synthetic-compute experiment (flat-dp and hier-dp cells) on 4 DCs of N/4 nodes
+under `testbed run` (netns backend, or docker: one container per node), per launcher: time from launch until every
+rank has finished its first step, the machine's used-memory rise at its peak (MemTotal - MemAvailable, sampled
+every 0.1 s, against the figure before the run), the median step time, and the whole run's wall time (bring-up and
+teardown included).
 
 Usage: .venv/bin/python bench/scale.py [--ranks 8,32,64,128] [--launchers exec,fork] [--exec-max 32]
-       [--steps 4] [--compute-ms 200] [--preset small]                                                   (root)
+       [--steps 4] [--compute-ms 200] [--preset small] [--backend netns|docker]                          (root)
+(docker: the image TESTBED_IMAGE names, e.g. one scripts/build-image built)
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
     memory = PeakMemory()
     start = time.perf_counter()
     try:
-        run_dir = run_experiment(path, out, prefix=PREFIX, shaper="auto", launcher=launcher)
+        run_dir = run_experiment(path, out, prefix=PREFIX, shaper="auto", launcher=launcher, backend=args.backend)
     except KeyboardInterrupt:
         rise = memory.stop()
         if not memory.stopped:
@@ -132,7 +134,7 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
     rows = []
     for cell_dir in sorted((run_dir / "cells").iterdir()):
         figures = cell_figures(cell_dir)
-        rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher,
+        rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "backend": args.backend, "launcher": launcher,
                      "strategy": cell_dir.name.split("__")[0], "status": figures["status"],
                      "launch to set up s": figures["setup_s"], "launch to first step s": figures["first_step_s"],
                      "step s (median)": figures["step_s"],
@@ -165,6 +167,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--compute-ms", type=float, default=200)
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--backend", default="netns", help="netns, or docker (one container per node)")
     parser.add_argument("--keep", type=Path, help="keep the runs' results here (default: a temporary directory)")
     args = parser.parse_args()
     cancel.install()
@@ -179,7 +182,7 @@ def main() -> None:
                 fits = projected_fit(rows, ranks, launcher)
                 if fits:
                     print(f"{ranks} ranks, {launcher}: skipped ({fits})", flush=True)
-                    rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher,
+                    rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "backend": args.backend, "launcher": launcher,
                                  "strategy": "-", "status": f"skipped: {fits}"})
                     continue
                 rows += measure(ranks, launcher, args, args.keep or Path(tmp))

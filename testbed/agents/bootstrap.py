@@ -9,7 +9,10 @@ SPEC keys, applied in this order: "netns" (enter /run/netns/NAME), "mkdirs", "cw
 environment), "session" (become the leader of a new session, so the whole group can be signalled), "pid" (print
 "pid N" before the exec: N is the process that becomes argv), then exec "argv". With "log" the command is
 detached instead: a double fork into a new session, stdin from /dev/null, output appended to the log, and
-"pid N" names the detached process (the delay line outlives the ssh session that started it).
+"pid N" names the detached process (the delay line outlives the ssh session that started it). Read from stdin, the
+SPEC is all the command gets there (its stdin becomes /dev/null) unless "stdin" is true: then it reads what follows
+the SPEC's line (a fork server's requests; nothing may be sent before "pid N" came back, as Python's buffered read
+of the line may take more).
 
 Standard library only, and setns through ctypes rather than pyroute2: this starts every rank, probe and delay
 line, pyroute2 takes a few hundred milliseconds to import, and an ssh host may not have it.
@@ -84,7 +87,7 @@ def run(spec: dict, from_stdin: bool = False) -> int:
         os.chdir(spec["cwd"])
     env = dict(os.environ)
     env.update(spec.get("env") or {})
-    if from_stdin:  # the spec was all it had to say: the command reads nothing from there
+    if from_stdin and not spec.get("stdin"):  # the spec was all it had to say: the command reads nothing from there
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     if spec.get("log"):
         return _detach(argv, env, spec["log"])

@@ -43,6 +43,21 @@ def test_from_stdin_its_spec_is_all_stdin_held_and_nothing_of_testbed_need_be_im
     assert shown["x"] == "secret" and shown["stdin"] == ""  # the command reads /dev/null, not the rest
 
 
+def test_from_stdin_with_stdin_the_command_reads_what_follows_once_its_pid_came(tmp_path):
+    """A fork server on an ssh host reads its requests there: sent after "pid N", they all reach the command."""
+    spec = {"argv": [sys.executable, "-c", SHOW], "cwd": str(tmp_path), "pid": True, "stdin": True}
+    proc = subprocess.Popen([sys.executable, "-I", "-c", bootstrap.source(), "-"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd="/", env={"PATH": os.environ["PATH"]})
+    proc.stdin.write(json.dumps(spec) + "\n")
+    proc.stdin.flush()
+    first = proc.stdout.readline()
+    proc.stdin.write("more\n")
+    proc.stdin.close()
+    shown = json.loads(proc.stdout.readline())
+    assert proc.wait(timeout=30) == 0 and first == f"pid {shown['pid']}\n"
+    assert shown["stdin"] == "more\n"
+
+
 def test_with_a_log_the_command_detaches_and_outlives_the_bootstrap(tmp_path):
     log = tmp_path / "out.log"
     spec = {"argv": [sys.executable, "-c", "import os, time; print('sid', os.getsid(0), flush=True); time.sleep(30)"],

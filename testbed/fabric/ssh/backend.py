@@ -64,6 +64,7 @@ def _inventory_record(inventory: Inventory, source: Path) -> dict:
 class SshBackend(Backend):
     name: ClassVar[str] = "ssh"
     summary: ClassVar[str] = "inventory hosts"
+    forks_ranks: ClassVar[bool] = True  # a fork server per host
     shared_clock: ClassVar[bool] = False  # each host its own clock
     emulated: ClassVar[bool] = False  # real hosts: a host's ranks share its GPUs, and may use NVLink between them
     Options = SshOptions

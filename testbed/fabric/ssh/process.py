@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import IO, Any
 
 from testbed.agents import bootstrap
@@ -116,3 +117,56 @@ class RemoteProcess(PopenLike):
         if self.poll() is not None:
             return
         self.connection.script([signal_group_line(signal_name, self.pid)])
+
+
+class SessionChannel:
+    """A command on `connection`'s host whose stdin and stdout are a channel (testbed.fabric.forkserver.Channel),
+    started by the bootstrap like any other (its environment on stdin, not on a command line); its stderr goes to
+    `log`. Closing ours ends the SSH session, and with it the command's stdin."""
+
+    def __init__(self, connection: Connection, argv: list[str], *, env: dict[str, str], cwd: str,
+                 mkdirs: tuple[str, ...], log: Path) -> None:
+        transport = connection.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {connection.host.name}: the SSH connection is closed")
+        self.channel = transport.open_session()
+        self.channel.exec_command(_bootstrap_command(connection.host.python, False))
+        spec = {"argv": argv, "env": env, "cwd": cwd, "mkdirs": list(mkdirs), "pid": True, "stdin": True}
+        self.channel.sendall(json.dumps(spec).encode() + b"\n")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log, "ab")
+        first = b""  # the bootstrap's "pid N" line: nothing more is sent before the command's first message
+        while not first.endswith(b"\n"):
+            byte = self.channel.recv(1)
+            if not byte:
+                self._stderr()
+                self.close()
+                raise RemoteError(f"host {connection.host.name}: could not start {argv[0]} (see {log})")
+            first += byte
+
+    def _stderr(self) -> None:
+        while self.channel.recv_stderr_ready():
+            self._log.write(self.channel.recv_stderr(65536))
+        self._log.flush()
+
+    def send(self, data: bytes) -> None:
+        self.channel.settimeout(30.0)
+        self.channel.sendall(data)
+
+    def recv(self, timeout: float) -> bytes | None:
+        self._stderr()
+        self.channel.settimeout(max(timeout, 1e-3))
+        try:
+            return self.channel.recv(65536)
+        except TimeoutError:
+            return None
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        try:
+            self._stderr()
+        except OSError:
+            pass
+        self.channel.close()
+        self._log.close()
