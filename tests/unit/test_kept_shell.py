@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from testbed.fabric.docker.process import ExecShell
+from testbed.fabric.docker.process import ExecChannel, ExecShell
 from testbed.fabric.kept_shell import ShellEnded, run_script
 
 
@@ -62,6 +62,9 @@ class _Socket:
     def recv(self, size: int) -> bytes:
         return self.chunks.pop(0) if self.chunks else b""
 
+    def close(self) -> None:
+        self.chunks = []
+
 
 def frame(stream: int, data: bytes) -> bytes:
     return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
@@ -77,3 +80,27 @@ def test_the_exec_shell_reads_docker_frames_split_anywhere(cut):
     while chunk := shell._recv(1.0):
         got += chunk
     assert got == b"hello from stderr\n"
+
+
+@pytest.mark.parametrize("cut", [1, 3, 8, 9, 13, 1000])
+def test_a_fork_servers_exec_channel_returns_stdout_and_logs_stderr(cut, tmp_path):
+    """A fork server in a container talks on stdout; what it says on stderr (an import's warning) goes to its
+    log, never into its messages, however docker's frames are split."""
+    stream = frame(2, b"warning: x\n") + frame(1, b'{"ready": ') + frame(2, b"more\n") + frame(1, b"true}\n")
+    chunks = [stream[i:i + cut] for i in range(0, len(stream), cut)]
+
+    class Api:
+        def exec_create(self, container, argv, **kwargs):
+            assert kwargs["stdin"] and not kwargs["tty"]
+            return {"Id": "e"}
+
+        def exec_start(self, exec_id, socket):
+            return _Socket(chunks)
+
+    channel = ExecChannel(Api(), "c", ["python"], {}, tmp_path / "server.log")
+    got = b""
+    while chunk := channel.recv(1.0):
+        got += chunk
+    channel.close()
+    assert got == b'{"ready": true}\n'
+    assert (tmp_path / "server.log").read_bytes() == b"warning: x\nmore\n"
