@@ -196,11 +196,21 @@ class Server:
                 return
 
     def signal(self, request: dict) -> None:
-        if request["signal"] in self.children:
+        """A child's whole group (only a child not yet reaped: its pid is not another's yet); a child that has
+        not yet made its own group (just forked) alone."""
+        pid = request["signal"]
+        number = getattr(signal, f"SIG{request['name']}", None)
+        if pid not in self.children or number is None:
+            return
+        try:
+            os.killpg(pid, number)
+        except ProcessLookupError:
             try:
-                os.killpg(request["signal"], getattr(signal, f"SIG{request['name']}"))
-            except (ProcessLookupError, PermissionError, AttributeError):
+                os.kill(pid, number)
+            except ProcessLookupError:
                 pass
+        except PermissionError:
+            pass
 
     def reap(self) -> None:
         while self.children:

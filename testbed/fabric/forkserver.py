@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,9 @@ class ForkServer:
         # in the order its ranks died; servers pumped together (one per node) tie within a pump
         self.deaths: dict[int, tuple[int, int]] = {}
         self.peers: list[ForkServer] = [self]  # the servers pumped together
+        # one lock for the peers' channels and books: the fault driver's thread signals ranks while the runner polls
+        self.lock = threading.RLock()
+        self._log_for_reply: IO[bytes] | None = None  # the log of the rank whose spawn awaits its reply (remote)
         self._pumps = [0]  # how many pumps so far, shared by the peers
         self._taken = 0  # exits reported in the current pump
         self.live: set[int] = set()
@@ -135,6 +139,13 @@ class ForkServer:
             if out is not None:
                 out.close()
         else:
+            if "id" in message and "pid" in message:  # taken here: its output and exit may come in the same read
+                pid = message["pid"]
+                self.exits.pop(pid, None)  # a pid the kernel gave again
+                self.deaths.pop(pid, None)
+                self.live.add(pid)
+                if self._log_for_reply is not None:
+                    self._outputs[pid], self._log_for_reply = self._log_for_reply, None
             self._replies.append(message)
 
     def _read(self, timeout: float) -> bool:
@@ -182,18 +193,20 @@ class ForkServer:
         if self.dead:
             raise FabricError(f"fork server died (see {self.log})")
         try:
-            self.channel.send((json.dumps(message) + "\n").encode())
+            with self.lock:
+                self.channel.send((json.dumps(message) + "\n").encode())
         except OSError:
             self._lost()
             raise FabricError(f"fork server died (see {self.log})") from None
 
     def pump(self) -> None:
         """Take every exit (and output) this server and its peers have reported so far (never blocks)."""
-        self._pumps[0] += 1
-        for server in self.peers:
-            server._taken = 0
-            while not server.dead and server._read(0):
-                pass
+        with self.lock:
+            self._pumps[0] += 1
+            for server in self.peers:
+                server._taken = 0
+                while not server.dead and server._read(0):
+                    pass
 
     # --- ranks ----------------------------------------------------------------------------------------
     def spawn(self, node: str, module: str, args: list[str], env: dict[str, str], log: Path,
@@ -204,19 +217,17 @@ class ForkServer:
         request: dict[str, Any] = {"spawn": node, "netns": self.namespace(node), "module": module, "args": list(args),
                                    "env": {**self.environ, **env} if self.remote else env,
                                    "log": None if self.remote else str(log), "cwd": cwd, "mkdirs": list(mkdirs)}
-        out = open(log, "wb") if self.remote else None
-        try:
-            self._send(request)
-            reply = self._reply(30.0)
-            if "error" in reply:
-                raise FabricError(f"{node}: fork failed: {reply['error']}")
-        except BaseException:
-            if out is not None:
-                out.close()
-            raise
-        self.live.add(reply["pid"])
-        if out is not None:
-            self._outputs[reply["pid"]] = out
+        with self.lock:
+            self._log_for_reply = open(log, "wb") if self.remote else None
+            try:
+                self._send(request)
+                reply = self._reply(30.0)
+                if "error" in reply:
+                    raise FabricError(f"{node}: fork failed: {reply['error']}")
+            finally:
+                if self._log_for_reply is not None:  # no rank took it
+                    self._log_for_reply.close()
+                    self._log_for_reply = None
         return ForkedProcess(self, reply["pid"], ["python" if self.remote else sys.executable, "-m", module, *args])
 
     def signal(self, pid: int, signal_name: str) -> None:
@@ -250,9 +261,9 @@ class NodeForkServers:
     def __init__(self, servers: dict[str, ForkServer],
                  prepare: Callable[[str, dict[str, str]], tuple[dict[str, str], str | None, tuple[str, ...]]]) -> None:
         self.servers, self.prepare = servers, prepare
-        pumps = [0]
+        pumps, lock = [0], threading.RLock()
         for server in servers.values():
-            server.peers, server._pumps = list(servers.values()), pumps
+            server.peers, server._pumps, server.lock = list(servers.values()), pumps, lock
         try:
             for server in servers.values():
                 server.ready()

@@ -110,3 +110,29 @@ def test_ranks_of_two_nodes_seen_ending_in_one_pump_tie_and_closing_ends_everyth
     assert left.poll() is None and alive(left.pid)
     group.close()
     assert wait_for(lambda: not alive(left.pid), 10)  # the server killed and reaped it when its stdin closed
+
+
+class OneRead:
+    """A channel whose server answers a spawn with its reply, the rank's output and its exit in one read (as a
+    docker exec or sshd may hand them over when a rank fails at once)."""
+
+    def __init__(self) -> None:
+        self.waiting = [b'{"ready": true, "pid": 1, "threads": 1, "env": {}}\n']
+
+    def send(self, data: bytes) -> None:
+        if b'"spawn"' in data:
+            self.waiting.append(b'{"id": "east-0", "pid": 42}\n{"out": 42, "data": "boom\\n"}\n'
+                                b'{"exit": 42, "code": 2}\n')
+
+    def recv(self, timeout: float) -> bytes | None:
+        return self.waiting.pop(0) if self.waiting else None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_ranks_output_and_exit_read_with_its_spawn_reply_are_kept(tmp_path):
+    server = ForkServer(OneRead(), tmp_path / "server.log", lambda node: None, remote=True)
+    proc = server.spawn("east-0", "rank", [], {}, tmp_path / "rank0.log")
+    assert proc.poll() == 2 and (tmp_path / "rank0.log").read_text() == "boom\n"
+    assert server.live == set()

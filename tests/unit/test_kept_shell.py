@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import subprocess
 
 import pytest
@@ -65,6 +66,9 @@ class _Socket:
     def close(self) -> None:
         self.chunks = []
 
+    def shutdown(self, how: int) -> None:
+        self.shut = how
+
 
 def frame(stream: int, data: bytes) -> bytes:
     return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
@@ -88,6 +92,7 @@ def test_a_fork_servers_exec_channel_returns_stdout_and_logs_stderr(cut, tmp_pat
     log, never into its messages, however docker's frames are split."""
     stream = frame(2, b"warning: x\n") + frame(1, b'{"ready": ') + frame(2, b"more\n") + frame(1, b"true}\n")
     chunks = [stream[i:i + cut] for i in range(0, len(stream), cut)]
+    sock = _Socket(chunks)
 
     class Api:
         def exec_create(self, container, argv, **kwargs):
@@ -95,7 +100,7 @@ def test_a_fork_servers_exec_channel_returns_stdout_and_logs_stderr(cut, tmp_pat
             return {"Id": "e"}
 
         def exec_start(self, exec_id, socket):
-            return _Socket(chunks)
+            return sock
 
     channel = ExecChannel(Api(), "c", ["python"], {}, tmp_path / "server.log")
     got = b""
@@ -104,3 +109,4 @@ def test_a_fork_servers_exec_channel_returns_stdout_and_logs_stderr(cut, tmp_pat
     channel.close()
     assert got == b'{"ready": true}\n'
     assert (tmp_path / "server.log").read_bytes() == b"warning: x\nmore\n"
+    assert sock.shut == socket.SHUT_WR  # the exec's stdin ends: the SDK may keep the socket itself open

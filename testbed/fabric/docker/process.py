@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -131,11 +132,11 @@ def split_frames(raw: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
 
 
 def recv_some(sock: Any, seconds: float) -> bytes | None:
-    """What the exec's socket has within `seconds` (None: nothing came; b"": it closed)."""
-    sock.settimeout(max(seconds, 1e-3))
+    """What the exec's socket has within `seconds` (0: what is there now; None: nothing came; b"": it closed)."""
+    sock.settimeout(max(seconds, 0.0))
     try:
         return sock.recv(65536)
-    except TimeoutError:
+    except (TimeoutError, BlockingIOError, InterruptedError):
         return None
     except OSError:
         return b""
@@ -233,6 +234,12 @@ class ExecChannel:
             self._raw += chunk
 
     def close(self) -> None:
+        """Half-close first (as docker's CLI ends an exec's stdin): the SDK's response keeps a reference to the
+        socket, so close() alone may leave the connection, and the server, up until a garbage collection."""
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
         try:
             self._sock.close()
         except OSError:

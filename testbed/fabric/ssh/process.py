@@ -119,6 +119,9 @@ class RemoteProcess(PopenLike):
         self.connection.script([signal_group_line(signal_name, self.pid)])
 
 
+START_TIMEOUT_S = 60.0  # for the bootstrap's first line
+
+
 class SessionChannel:
     """A command on `connection`'s host whose stdin and stdout are a channel (testbed.fabric.forkserver.Channel),
     started by the bootstrap like any other (its environment on stdin, not on a command line); its stderr goes to
@@ -136,13 +139,21 @@ class SessionChannel:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "ab")
         first = b""  # the bootstrap's "pid N" line: nothing more is sent before the command's first message
-        while not first.endswith(b"\n"):
-            byte = self.channel.recv(1)
-            if not byte:
-                self._stderr()
-                self.close()
-                raise RemoteError(f"host {connection.host.name}: could not start {argv[0]} (see {log})")
-            first += byte
+        self.channel.settimeout(START_TIMEOUT_S)
+        try:
+            while not first.endswith(b"\n"):
+                byte = self.channel.recv(1)
+                if not byte:
+                    break
+                first += byte
+        except TimeoutError:
+            pass
+        if not first.startswith(b"pid ") or not first[4:].strip().isdigit():
+            self._stderr()
+            self.close()
+            said = first.decode(errors="replace").strip()[:80]
+            raise RemoteError(f"host {connection.host.name}: could not start {argv[0]} "
+                              f"({f'it said {said!r}; ' if said else ''}see {log})")
 
     def _stderr(self) -> None:
         while self.channel.recv_stderr_ready():
@@ -155,10 +166,10 @@ class SessionChannel:
 
     def recv(self, timeout: float) -> bytes | None:
         self._stderr()
-        self.channel.settimeout(max(timeout, 1e-3))
+        self.channel.settimeout(max(timeout, 0.0))  # 0: what is there now
         try:
             return self.channel.recv(65536)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             return None
         except OSError:
             return b""
