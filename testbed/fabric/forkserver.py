@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from testbed.agents import forkserver
+from testbed.fabric import cancel
 from testbed.fabric.errors import FabricError
 from testbed.fabric.process import PopenLike
 
@@ -254,12 +255,32 @@ class ForkServer:
         self._outputs.clear()
 
 
+Prepare = Callable[[str, dict[str, str]], tuple[dict[str, str], str | None, tuple[str, ...]]]
+
+
 class NodeForkServers:
     """One server per node (a container, a host), started together; a rank is forked by its node's server.
     `prepare(node, env)`: the rank's environment there, its working directory and the directories to create."""
 
-    def __init__(self, servers: dict[str, ForkServer],
-                 prepare: Callable[[str, dict[str, str]], tuple[dict[str, str], str | None, tuple[str, ...]]]) -> None:
+    @classmethod
+    def start(cls, nodes: list[str], log: Path, open_channel: Callable[[str, Path], Channel],
+              prepare: Prepare) -> NodeForkServers:
+        """A server per node through `open_channel(node, its log)` (log's name with -NODE), all importing at once;
+        those started are closed if one fails."""
+        servers: dict[str, ForkServer] = {}
+        try:
+            for node in nodes:
+                cancel.check()
+                node_log = log.with_name(f"{log.stem}-{node}{log.suffix}")
+                servers[node] = ForkServer(open_channel(node, node_log), node_log, lambda name: None, remote=True,
+                                           wait=False)
+        except BaseException:
+            for server in servers.values():
+                server.close()
+            raise
+        return cls(servers, prepare)
+
+    def __init__(self, servers: dict[str, ForkServer], prepare: Prepare) -> None:
         self.servers, self.prepare = servers, prepare
         pumps, lock = [0], threading.RLock()
         for server in servers.values():

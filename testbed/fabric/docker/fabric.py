@@ -34,7 +34,7 @@ from testbed.fabric.base import Fabric
 from testbed.fabric.docker.engine import clean, docker_client
 from testbed.fabric.docker.process import DockerProcess, ExecChannel, ExecError, ExecShell
 from testbed.fabric.errors import FabricError
-from testbed.fabric.forkserver import ForkServer, NodeForkServers
+from testbed.fabric.forkserver import NodeForkServers
 from testbed.fabric.shipping import pass_env, source_archive
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
@@ -292,19 +292,11 @@ class DockerFabric(Fabric):
     def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> NodeForkServers:
         """A fork server in every node's container (its output to log's forkserver-NODE.log), all importing
         `preload` at once: a rank then starts in a fraction of a second instead of importing torch itself."""
-        servers: dict[str, ForkServer] = {}
         argv = ["python", "-m", forkserver.MODULE, forkserver.STDIO, preload]
-        try:
-            for node in self._require().nodes:
-                cancel.check()
-                node_log = log.with_name(f"{log.stem}-{node.name}{log.suffix}")
-                channel = ExecChannel(self.client.api, self._container(node.name).id, argv, pass_env(env), node_log)
-                servers[node.name] = ForkServer(channel, node_log, lambda name: None, remote=True, wait=False)
-        except BaseException:
-            for server in servers.values():
-                server.close()
-            raise
-        return NodeForkServers(servers, self._rank_env)
+        return NodeForkServers.start(
+            [node.name for node in self._require().nodes], log,
+            lambda node, node_log: ExecChannel(self.client.api, self._container(node).id, argv, pass_env(env), node_log),
+            self._rank_env)
 
     def _rank_env(self, node: str, env: dict[str, str]) -> tuple[dict[str, str], str | None, tuple[str, ...]]:
         """A forked rank's environment in `node`'s container, its working directory and the directories to

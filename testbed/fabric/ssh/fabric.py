@@ -34,7 +34,7 @@ from testbed.agents.tc import LinkCounters
 from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
-from testbed.fabric.forkserver import ForkServer, NodeForkServers
+from testbed.fabric.forkserver import NodeForkServers
 from testbed.fabric.shipping import pass_env, source_archive
 from testbed.fabric.ssh.connection import Connection, RemoteError
 from testbed.fabric.ssh.process import RemoteProcess, SessionChannel
@@ -351,26 +351,14 @@ class SshFabric(Fabric):
     def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> NodeForkServers:
         """A fork server on every node's host (its output to log's forkserver-NODE.log), all importing `preload`
         at once: a rank then starts in a fraction of a second instead of importing torch itself."""
-        servers: dict[str, ForkServer] = {}
-        try:
-            for node in self._require().network.nodes:
-                cancel.check()
-                item = self._host(node.name)
-                there, run, mkdirs = self._node_env(item, env)
-                node_log = log.with_name(f"{log.stem}-{node.name}{log.suffix}")
-                channel = SessionChannel(self.connect(item.host), [item.host.python, "-m", forkserver.MODULE,
-                                                                   forkserver.STDIO, preload],
-                                         env=there, cwd=run, mkdirs=mkdirs, log=node_log)
-                servers[node.name] = ForkServer(channel, node_log, lambda name: None, remote=True, wait=False)
-        except RemoteError as error:
-            for server in servers.values():
-                server.close()
-            raise FabricError(str(error)) from None
-        except BaseException:
-            for server in servers.values():
-                server.close()
-            raise
-        return NodeForkServers(servers, lambda node, env: self._node_env(self._host(node), env))
+        def open_channel(node: str, node_log: Path) -> SessionChannel:
+            item = self._host(node)
+            there, run, mkdirs = self._node_env(item, env)
+            return SessionChannel(self.connect(item.host), [item.host.python, "-m", forkserver.MODULE, forkserver.STDIO,
+                                                            preload], env=there, cwd=run, mkdirs=mkdirs, log=node_log)
+
+        return NodeForkServers.start([node.name for node in self._require().network.nodes], log, open_channel,
+                                     lambda node, env: self._node_env(self._host(node), env))
 
     @staticmethod
     def _remote_dir(item: HostPlan, local: str) -> str:
