@@ -39,6 +39,25 @@ def _bootstrap_command(python: str, sudo: bool) -> str:
     return ("sudo -n " if sudo else "") + shlex.join([python, "-c", bootstrap.source(), "-"])
 
 
+def _first_line(channel: Any) -> bytes:
+    """The bootstrap's first line ("pid N" when it started the command), read a byte at a time: what follows is
+    the command's own."""
+    first = b""
+    try:
+        while not first.endswith(b"\n"):
+            byte = channel.recv(1)
+            if not byte:
+                break
+            first += byte
+    except TimeoutError:  # a channel given a timeout: what came before it
+        pass
+    return first
+
+
+def _is_pid_line(first: bytes) -> bool:
+    return first.startswith(b"pid ") and first[4:].strip().isdigit()
+
+
 class RemoteProcess(PopenLike):
     """argv running on `connection`'s host; stdout/stderr: a file (streamed live), PIPE, DEVNULL or None."""
 
@@ -61,13 +80,8 @@ class RemoteProcess(PopenLike):
         spec = {"argv": argv, "env": env, "cwd": cwd, "mkdirs": list(mkdirs), "log": log, "pid": True}
         channel.sendall(json.dumps(spec).encode() + b"\n")
         channel.shutdown_write()  # the command's stdin is /dev/null
-        first = b""
-        while not first.endswith(b"\n"):
-            byte = channel.recv(1)
-            if not byte:
-                break
-            first += byte
-        if not first.startswith(b"pid ") or not first[4:].strip().isdigit():
+        first = _first_line(channel)
+        if not _is_pid_line(first):
             tail = channel.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines()[-1:]
             raise RemoteError(f"host {connection.host.name}: could not start {argv[0]}: "
                               f"{' '.join(tail) or first.decode(errors='replace').strip() or 'no output'}")
@@ -138,17 +152,9 @@ class SessionChannel:
         self.channel.sendall(json.dumps(spec).encode() + b"\n")
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "ab")
-        first = b""  # the bootstrap's "pid N" line: nothing more is sent before the command's first message
-        self.channel.settimeout(START_TIMEOUT_S)
-        try:
-            while not first.endswith(b"\n"):
-                byte = self.channel.recv(1)
-                if not byte:
-                    break
-                first += byte
-        except TimeoutError:
-            pass
-        if not first.startswith(b"pid ") or not first[4:].strip().isdigit():
+        self.channel.settimeout(START_TIMEOUT_S)  # nothing more is sent before the command's first message
+        first = _first_line(self.channel)
+        if not _is_pid_line(first):
             self._stderr()
             self.close()
             said = first.decode(errors="replace").strip()[:80]
