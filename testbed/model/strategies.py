@@ -368,7 +368,7 @@ def _sharded(m: CellModel, name: str) -> Prediction:
             for u, size in enumerate(units):
                 shard_bytes = 4 * shapes.padded(size, n) // n
                 if n > 1:
-                    collective(gloo_all_gather, shard, shard_bytes, clock, ("ag", u))
+                    collective(gloo_all_gather, shard, shard_bytes, clock, "shard")
                     for group in groups:
                         add_bytes(link, _ring_bytes(net, group, shard_bytes * n, ("ag",), t.segment_bytes))
                 clock += forward[u]
@@ -376,7 +376,7 @@ def _sharded(m: CellModel, name: str) -> Prediction:
                 size = units[u]
                 padded = shapes.padded(size, n)
                 if u > 0 and opts.reshard_after_forward and n > 1:
-                    collective(gloo_all_gather, shard, 4 * padded // n, clock, ("ag", u))
+                    collective(gloo_all_gather, shard, 4 * padded // n, clock, "shard")
                     for group in groups:
                         add_bytes(link, _ring_bytes(net, group, 4 * padded, ("ag",), t.segment_bytes))
                 clock += backward[u]
@@ -384,11 +384,11 @@ def _sharded(m: CellModel, name: str) -> Prediction:
                     continue
                 if n > 1:  # gloo's reduce_scatter_tensor is an all-reduce of the whole input, then a copy of the
                     # rank's chunk (ProcessGroupGloo::reduce_scatter_tensor_coalesced): twice a ring RS's bytes
-                    collective(gloo_all_reduce, shard, 4 * padded, clock, ("rs", u))
+                    collective(gloo_all_reduce, shard, 4 * padded, clock, "shard")
                     for group in groups:
                         add_bytes(link, _ring_bytes(net, group, 4 * padded, ("rs", "ag"), t.segment_bytes))
                 if inter is not None:
-                    end, inter_link = _inter_reduce(sim, inter, padded // n, "none", clock, ("ar", u), flows=n)
+                    end, inter_link = _inter_reduce(sim, inter, padded // n, "none", clock, "inter", flows=n)
                     blocked += end - clock
                     clock = end
                     add_bytes(link, _scaled(inter_link, n))
