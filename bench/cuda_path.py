@@ -4,7 +4,8 @@ sharing the machine's GPUs (gloo on the CPU where they are fewer than the ranks)
 in flat-dp, ddp and hier-dp-overlap (any verdict a false alarm). One line per run: backend, median step, last
 loss, SDC verdicts.
 
-Usage: python bench/cuda_path.py  (env: STEPS=8, PRESET=tiny, ONLY=flat-dp,ddp,...)
+Usage: python bench/cuda_path.py  (env: STEPS=8, PRESET=tiny, ONLY=flat-dp,ddp,...; FORK=1: every rank forked from
+one server that imported torch without touching CUDA, as the harness starts ranks, instead of a fresh python)
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-from testbed.workload.local import launch
+from testbed.fabric.forkserver import ForkServer
+from testbed.runner.ranks import PRELOAD, server_env
+from testbed.workload.local import exec_rank, launch
 from testbed.workload.options import Options
 
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.device_count(),
@@ -38,12 +41,21 @@ flip = [{"rank": 0, "step": 3, "target": "gradient", "bit": 30, "tensor": "1.att
 sdc = {"TESTBED_SDC": json.dumps(flip), "TESTBED_SDC_CHECK": "1"}
 
 
+spawn = exec_rank
+if os.environ.get("FORK") == "1":
+    server = ForkServer.local(PRELOAD, Path(tempfile.mkdtemp()) / "forkserver.log", server_env(), lambda node: None)
+
+    def spawn(module, args, env, log):
+        return server.spawn("rank", module, args, env, log)
+
+
 def one(name, opts, dcs, nodes, env, label):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "m"
         started = time.time()
         try:
-            launch(dcs, nodes, [replace(opts, metrics_dir=str(metrics))], Path(tmp) / "l", timeout=400, env=env)
+            launch(dcs, nodes, [replace(opts, metrics_dir=str(metrics))], Path(tmp) / "l", timeout=400, env=env,
+                   spawn=spawn)
         except Exception as error:
             print(f"{name:18} {label:5} {dcs}x{nodes} FAILED in {time.time() - started:.1f}s: "
                   f"{str(error)[-1200:]}", flush=True)
@@ -73,3 +85,5 @@ for dcs, nodes in ((2, 1), (2, 2)):
 replay = {"TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": "1"}
 for name in ("flat-dp", "ddp", "hier-dp-overlap"):
     one(name, replace(cases[name], steps=12), 1, 1, replay, "rep1")
+if spawn is not exec_rank:
+    server.close()
