@@ -43,7 +43,8 @@ sdc = {"TESTBED_SDC": json.dumps(flip), "TESTBED_SDC_CHECK": "1"}
 
 spawn = exec_rank
 if os.environ.get("FORK") == "1":
-    server = ForkServer.local(PRELOAD, Path(tempfile.mkdtemp()) / "forkserver.log", server_env(), lambda node: None)
+    server_dir = tempfile.TemporaryDirectory()
+    server = ForkServer.local(PRELOAD, Path(server_dir.name) / "forkserver.log", server_env(), lambda node: None)
 
     def spawn(module, args, env, log):
         return server.spawn("rank", module, args, env, log)
@@ -87,3 +88,4 @@ for name in ("flat-dp", "ddp", "hier-dp-overlap"):
     one(name, replace(cases[name], steps=12), 1, 1, replay, "rep1")
 if spawn is not exec_rank:
     server.close()
+    server_dir.cleanup()
