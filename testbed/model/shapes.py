@@ -42,9 +42,9 @@ def parameter_count(cfg: ModelConfig) -> int:
     return sum(tensors(cfg))
 
 
-def buckets(cfg: ModelConfig, bucket_mb: float) -> list[int]:
-    """Element counts of hier-dp-overlap's gradient buckets, in the order they become ready (last layer first)."""
-    limit = max(1, int(bucket_mb * 1e6 / 4))
+def _closed_at(cfg: ModelConfig, limit: int) -> list[int]:
+    """The parameters in reverse (the order backward produces their gradients), cut into buckets of element
+    counts, each closed once it reaches `limit` elements."""
     out, current = [], 0
     for n in reversed(tensors(cfg)):
         current += n
@@ -56,22 +56,16 @@ def buckets(cfg: ModelConfig, bucket_mb: float) -> list[int]:
     return out
 
 
-DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket's cap
+def buckets(cfg: ModelConfig, bucket_mb: float) -> list[int]:
+    """Element counts of hier-dp-overlap's gradient buckets, in the order they become ready (last layer first)."""
+    return _closed_at(cfg, max(1, int(bucket_mb * 1e6 / 4)))
 
 
 def ddp_buckets(cfg: ModelConfig, bucket_cap_mb: float) -> list[int]:
-    """Element counts of DDP's gradient buckets in the order they become ready: parameters in reverse, the first
-    bucket closed at 1 MiB, the others at bucket_cap_mb MiB (a bucket closes once it reaches its cap)."""
-    limits = [DDP_FIRST_BUCKET_BYTES // FLOAT_BYTES, max(1, int(bucket_cap_mb * (1 << 20)) // FLOAT_BYTES)]
-    out, current = [], 0
-    for n in reversed(tensors(cfg)):
-        current += n
-        if current >= limits[min(len(out), 1)]:
-            out.append(current)
-            current = 0
-    if current:
-        out.append(current)
-    return out
+    """Element counts of DDP's gradient buckets after its rebuild (end of step 0), in the order they become ready,
+    each closed once it reaches bucket_cap_mb MiB. The workload always passes bucket_cap_mb, and DDP then caps its
+    first bucket at it too (its 1 MiB first bucket is for the default only); step 0 runs every gradient in one."""
+    return _closed_at(cfg, max(1, int(bucket_cap_mb * (1 << 20)) // FLOAT_BYTES))
 
 
 POWERSGD_MIN_COMPRESSION_RATE = 2  # PowerSGDState's default min_compression_rate

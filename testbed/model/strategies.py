@@ -284,36 +284,43 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
 # --- PyTorch's own data parallelism ---------------------------------------------------------------------------
 
 def ddp(m: CellModel) -> Prediction:
-    """DistributedDataParallel: DDP's buckets (parameters in reverse, the first closed at 1 MiB) each all-reduced
-    over all ranks as soon as the last micro-batch's backward has produced it, ProcessGroupGloo running two at a
-    time on the group's one set of connections; fp16_compress_hook all-reduces half the bytes; powerSGD_hook
-    (one bucket: several are refused at load time), from its start step on, all-reduces the vectors, then P, then
-    Q, each after the one before (its futures' chain), instead of the bucket."""
+    """DistributedDataParallel: DDP's buckets (step 0: every gradient in one; from step 1 its rebuilt ones, closed
+    at bucket_cap_mb in the order gradients become ready) each all-reduced over all ranks as soon as the last
+    micro-batch's backward has produced it, ProcessGroupGloo running two at a time on the group's one set of
+    connections; fp16_compress_hook all-reduces half the bytes; powerSGD_hook (one bucket: several are refused at
+    load time), from its start step on, all-reduces the vectors, then P, then Q, each after the one before (its
+    futures' chain), instead of the bucket."""
     opts, net, t = m.opts, m.network, m.transport
     if opts.comm_hook not in ("none", "fp16", "powersgd"):
         raise KeyError(f"the cost model has no predictor for ddp with comm_hook {opts.comm_hook!r} "
                        "(covered: none, fp16, powersgd)")
     sim = Sim(net, t)
     cfg = shapes.config(opts)
-    buckets = shapes.ddp_buckets(cfg, opts.bucket_cap_mb)
+    rebuilt = shapes.ddp_buckets(cfg, opts.bucket_cap_mb)
     world = list(range(net.world))
     element = 2 if opts.comm_hook == "fp16" else 4
     lowrank = shapes.powersgd_elements(cfg, opts.powersgd_rank) if opts.comm_hook == "powersgd" else None
-    if lowrank is not None and len(buckets) > 1:
+    if lowrank is not None and len(rebuilt) > 1:
         raise KeyError("the cost model predicts ddp with comm_hook powersgd over one bucket only (several are refused "
                        "at load time)")
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, total = 0.0, [], [], {}  # total: every step's bytes (PowerSGD's first steps are plain)
-    slots = [0.0, 0.0]  # ProcessGroupGloo's two worker threads
+    # ProcessGroupGloo's two worker threads: two buckets' all-reduces in flight at once, interleaved on the group's
+    # one gloo pair per peer. The simulator runs one connection's operations in turn, so a second all-reduce started
+    # while the first is in flight is simulated on connections of its own (as hier-dp-overlap's lanes' two works
+    # are); one started with the first worker free takes the group's (its window as the last left it)
+    slots = [0.0, 0.0]
     for step in range(opts.steps):
         begin = clock
         done = clock
+        buckets = rebuilt if step else [sum(rebuilt)]
         for size, ready in zip(buckets, _bucket_ready(m, clock, buckets)):  # DDP runs real compute only
-            slot = min(range(2), key=lambda k: slots[k])
+            free = [k for k in range(2) if slots[k] <= ready]
+            slot = free[0] if free else min(range(2), key=lambda k: slots[k])
             start = max(ready, slots[slot])
             parts = [size] if lowrank is None or step < opts.powersgd_start_iter else [n for n in lowrank if n]
             for part in parts:
-                start = gloo_all_reduce(sim, world, element * part, start, "ddp")
+                start = gloo_all_reduce(sim, world, element * part, start, "ddp" if slot == 0 else ("ddp", slot))
                 add_bytes(total, _ring_bytes(net, world, element * part, ("rs", "ag"), t.segment_bytes))
             slots[slot] = start
             done = max(done, start)
@@ -329,7 +336,7 @@ def ddp(m: CellModel) -> Prediction:
     once = gloo_broadcast_link_bytes(net, world, 0, 4 * shapes.parameter_count(cfg))
     return Prediction("ddp", _measured(m, walls), compute, exposed,
                       tokens_per_step=_tokens(m), link_bytes=link, once_link_bytes=once,
-                      explain=f"DDP's {len(buckets)} buckets, each all-reduced over all {net.world} ranks{hook} as "
+                      explain=f"DDP's {len(rebuilt)} buckets, each all-reduced over all {net.world} ranks{hook} as "
                               f"the last micro-batch's backward produces it: {exposed * 1e3:.0f} ms left exposed after "
                               f"compute{_round_trips(net, exposed)}")
 

@@ -216,23 +216,36 @@ def test_the_cost_model_splits_gradients_as_powersgd_does():
 
 
 def test_the_cost_model_buckets_gradients_as_ddp_and_units_as_fsdp2():
-    """DDP rebuilds its buckets after the first step in the order gradients become ready (about the reverse of
-    registration), the first closed at 1 MiB; the workload wraps each Block in fully_shard, then the root."""
+    """DDP (built as the workload builds it, bucket_cap_mb given) runs step 0 with every gradient in one bucket
+    and then rebuilds its buckets in the order gradients became ready, each closed at bucket_cap_mb, the first
+    too: the model's buckets are DDP's own (read back from DDP after three steps). The model once capped the first
+    at DDP's default 1 MiB, which DDP keeps for callers who pass no bucket_cap_mb: one bucket where vs-pytorch's
+    DDP ran two. The workload wraps each Block in fully_shard, then the root."""
+    import torch
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     from testbed.model import shapes
     from testbed.spec.presets import PRESETS
     from testbed.workload.model import Block
 
-    for cfg in PRESETS.values():
-        model = GPT(cfg)
-        params = list(reversed(list(model.parameters())))
-        for cap_mb in (0.5, 25.0):
-            indices, _ = dist._compute_bucket_assignment_by_size(
-                params, [shapes.DDP_FIRST_BUCKET_BYTES, int(cap_mb * (1 << 20))], [False] * len(params))
-            assert shapes.ddp_buckets(cfg, cap_mb) == [sum(params[i].numel() for i in bucket) for bucket in indices]
-        blocks = [sum(p.numel() for p in m.parameters()) for m in model.modules() if isinstance(m, Block)]
-        assert shapes.fsdp_units(cfg) == [count_parameters(model) - sum(blocks), *blocks]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for cfg in (PRESETS["tiny"], PRESETS["small"]):  # the larger presets: the same rule, seconds more each
+            model = GPT(cfg)
+            for cap_mb in (0.25, 0.5, 25.0):
+                ddp = DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+                tokens = torch.randint(0, cfg.vocab, (1, 8))
+                for _ in range(3):
+                    ddp(tokens).float().mean().backward()
+                data = ddp._get_ddp_logging_data()
+                assert data["bucket_sizes"] == str(4 * shapes.parameter_count(cfg))  # step 0: one bucket
+                rebuilt = [int(x) for x in data["rebuilt_bucket_sizes"].split(", ")]
+                assert [4 * n for n in shapes.ddp_buckets(cfg, cap_mb)] == rebuilt, (cfg, cap_mb)
+            blocks = [sum(p.numel() for p in m.parameters()) for m in model.modules() if isinstance(m, Block)]
+            assert shapes.fsdp_units(cfg) == [count_parameters(model) - sum(blocks), *blocks]
+    finally:
+        dist.destroy_process_group()
 
 
 def test_calibration_ranks_start_at_the_instant_rank_0_broadcasts():
