@@ -18,6 +18,18 @@ def signal_group_line(signal_name: str, pid: int) -> str:
     return f"kill -s {name} -- -{pid} 2>/dev/null || kill -s {name} {pid} 2>/dev/null || true"
 
 
+def recv_some(sock: Any, seconds: float) -> bytes | None:
+    """What a socket (docker's exec) or a paramiko channel (an SSH session) has within `seconds` (0: what is there
+    now; None: nothing came; b"": it closed)."""
+    sock.settimeout(max(seconds, 0.0))
+    try:
+        return sock.recv(65536)
+    except (TimeoutError, BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
 class PopenLike:
     """What the runner and probe use of subprocess.Popen, for processes elsewhere (an SSH host, a container).
 

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from testbed.agents import bootstrap
 from testbed.fabric.kept_shell import ShellEnded, run_script
-from testbed.fabric.process import PopenLike, signal_group_line
+from testbed.fabric.process import PopenLike, recv_some, signal_group_line
 
 
 class ExecError(RuntimeError):
@@ -129,17 +129,6 @@ def split_frames(raw: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
         frames.append((raw[offset], raw[offset + 8: offset + 8 + size]))
         offset += 8 + size
     return frames, raw[offset:]
-
-
-def recv_some(sock: Any, seconds: float) -> bytes | None:
-    """What the exec's socket has within `seconds` (0: what is there now; None: nothing came; b"": it closed)."""
-    sock.settimeout(max(seconds, 0.0))
-    try:
-        return sock.recv(65536)
-    except (TimeoutError, BlockingIOError, InterruptedError):
-        return None
-    except OSError:
-        return b""
 
 
 def _text(stream: IO[bytes] | None) -> IO[str] | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from testbed.agents import bootstrap
-from testbed.fabric.process import PopenLike, signal_group_line
+from testbed.fabric.process import PopenLike, recv_some, signal_group_line
 from testbed.fabric.ssh.connection import Connection, RemoteError
 
 
@@ -172,13 +172,7 @@ class SessionChannel:
 
     def recv(self, timeout: float) -> bytes | None:
         self._stderr()
-        self.channel.settimeout(max(timeout, 0.0))  # 0: what is there now
-        try:
-            return self.channel.recv(65536)
-        except (TimeoutError, BlockingIOError):
-            return None
-        except OSError:
-            return b""
+        return recv_some(self.channel, timeout)
 
     def close(self) -> None:
         try:
