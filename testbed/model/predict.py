@@ -95,10 +95,17 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
 
 
 def predict_experiment(experiment: Experiment, topology: Topology, calibration: Calibration) -> list[CellPrediction]:
-    """Every cell the experiment would run, predicted from configured links (nothing is built)."""
+    """Every cell the experiment would run, predicted from configured links (nothing is built). Before running,
+    a cell's repetitions are the same cell: each distinct (strategy, options, links) is simulated once."""
     ranks = experiment.workload.ranks_per_node
-    return [predict_cell(topology, cell, calibration, ranks_per_node=ranks,
-                         warmup_steps=experiment.workload.warmup_steps) for cell in plan_cells(experiment, topology)]
+    out, seen = [], {}
+    for cell in plan_cells(experiment, topology):
+        key = json.dumps([cell.strategy, cell.options, cell.links, cell.baseline], sort_keys=True, default=str)
+        if key not in seen:
+            seen[key] = predict_cell(topology, cell, calibration, ranks_per_node=ranks,
+                                     warmup_steps=experiment.workload.warmup_steps)
+        out.append(replace(seen[key], cell=cell.id, sweep=dict(cell.sweep)))
+    return out
 
 
 def probe_rtts(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:

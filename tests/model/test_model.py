@@ -7,6 +7,8 @@ import dataclasses
 import itertools
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -396,9 +398,19 @@ def test_the_benchmark_is_simulated_in_its_order_with_its_gaps():
 
 # --- plan and what-if ------------------------------------------------------------------------------------------------
 
+def without_privileges() -> list[str]:
+    """A command prefix that runs the command with no capability at all (root's bounding set emptied: no
+    namespaces, no netlink changes, no raw sockets); nothing when the tests already run unprivileged."""
+    if os.geteuid() != 0:
+        return []
+    assert shutil.which("setpriv"), "util-linux's setpriv is needed to run a command without capabilities"
+    return ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
+
+
 def test_plan_json_has_every_cell_of_the_run_and_the_best_per_point():
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/hierarchical-vs-flat.yaml",
-                           "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run([*without_privileges(), sys.executable, "-m", "testbed.cli", "plan",
+                           "experiments/hierarchical-vs-flat.yaml", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     experiment, topology = load_experiment(ROOT / "experiments" / "hierarchical-vs-flat.yaml")
@@ -410,6 +422,25 @@ def test_plan_json_has_every_cell_of_the_run_and_the_best_per_point():
             assert set(cell["link_bytes_predicted"]) == {"east->west", "west->east"}
     assert set(result["best"]) == {f"links[east,west].latency={v}" for v in ("0ms", "5ms", "10ms", "20ms")}
     assert set(result["best"].values()) <= {"flat-dp", "hier-dp", "hier-dp-overlap"}
+
+
+def test_plan_simulates_a_cells_repetitions_once(monkeypatch):
+    from testbed.model import predict as predict_module
+
+    experiment, topology = load_experiment(ROOT / "experiments" / "hierarchical-vs-flat.yaml")
+    experiment = experiment.model_copy(update={"repetitions": 3})
+    simulated = []
+    real = predict_module.predict_cell
+    monkeypatch.setattr(predict_module, "predict_cell", lambda *a, **k: simulated.append(a[1].id) or real(*a, **k))
+    got = predict_module.predict_experiment(experiment, topology, Calibration())
+    assert [p.cell for p in got] == [c.id for c in plan_cells(experiment, topology)]
+    assert len(simulated) == len(got) // 3 and all(cell.endswith("__r0") for cell in simulated)
+    by_cell = {p.cell: p for p in got}
+    for p in got:
+        twin = by_cell[p.cell.rsplit("__r", 1)[0] + "__r0"]
+        assert (p.prediction, p.sweep, p.strategy) == (twin.prediction, twin.sweep, twin.strategy)
+    assert by_cell["hier-dp__latency-east-west=20ms__r2"].prediction.step_s > \
+        by_cell["hier-dp__latency-east-west=0ms__r2"].prediction.step_s
 
 
 def test_plan_refuses_real_compute_without_a_profile_and_a_bad_calibration(tmp_path):
