@@ -9,6 +9,7 @@ crossed by one ring edge in each direction.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -49,6 +50,8 @@ class Sim:
     transport: Transport
     connections: Connections = None  # type: ignore[assignment]
     share: dict[str, int] = field(default_factory=dict)  # link direction key -> concurrent flows
+    edges: dict[tuple[int, int, int], Edge] = field(default_factory=dict)  # edge()'s answers (network and
+    # transport do not change during a simulation)
 
     def __post_init__(self) -> None:
         if self.connections is None:
@@ -56,6 +59,12 @@ class Sim:
 
     def edge(self, src: int, dst: int, flows: int = 1) -> Edge:
         """The path from rank src to rank dst; `flows` equal flows share its bandwidth."""
+        key = (src, dst, flows)
+        if key not in self.edges:
+            self.edges[key] = self._edge(src, dst, flows)
+        return self.edges[key]
+
+    def _edge(self, src: int, dst: int, flows: int) -> Edge:
         t, net = self.transport, self.network
         a, b = net.dc_of(src), net.dc_of(dst)
         local_rate = t.local_bandwidth / 8
@@ -69,18 +78,14 @@ class Sim:
         return Edge(path.latency + t.local_latency, rate / flows, rtt, shaped=True)
 
 
-def _segment_lengths(total: int, g: int, count: int, size: int, phase: str) -> list[list[int]]:
-    """lengths[i][r]: bytes rank r sends at iteration i of gloo's reduce-scatter or all-gather phase."""
+@functools.lru_cache(maxsize=4096)
+def _segment_lengths(total: int, g: int, count: int, size: int, phase: str) -> tuple[tuple[int, ...], ...]:
+    """lengths[i][r]: bytes rank r sends at iteration i of gloo's reduce-scatter or all-gather phase (cached:
+    a simulation asks for the same few shapes thousands of times)."""
     per_rank = count // g
     span = count * size
-    out = []
-    for i in range(count - per_rank):
-        row = []
-        for r in range(g):
-            offset = ((((r + 1) if phase == "rs" else r) * per_rank + i) * size) % span
-            row.append(max(0, min(size, total - offset)))
-        out.append(row)
-    return out
+    return tuple(tuple(max(0, min(size, total - ((((r + 1) if phase == "rs" else r) * per_rank + i) * size) % span))
+                       for r in range(g)) for i in range(count - per_rank))
 
 
 def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object, phases: tuple[str, ...] = ("rs", "ag"),
