@@ -125,7 +125,7 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
                 ready = begin[i][r] + back[(r, s)].latency if t.rendezvous else begin[i][r]
                 notify(sim, key, ranks[r], ranks[s], begin[i][r])
                 conn = sim.connections.get((key, ranks[s], ranks[r]))
-                leave = max(begin[i][s], ready, free[(s, r)], conn.busy_until)
+                leave = conn.queued_behind(max(begin[i][s], ready, free[(s, r)]))
                 duration = send_time(t, conn, nbytes, edge, leave)
                 free[(s, r)] = leave + nbytes / edge.rate
                 send_done[i][s] = leave
@@ -178,7 +178,7 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
     if free is not None:
         leave = max(leave, free.get((src, dst), 0.0))
     conn = sim.connections.get((key, src, dst))
-    leave = max(leave, conn.busy_until)
+    leave = conn.queued_behind(leave)
     duration = send_time(t, conn, nbytes, edge, leave)
     if free is not None:
         free[(src, dst)] = leave + nbytes / edge.rate

@@ -262,7 +262,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
                 slots = lane_slots[lane]
                 slot = min(range(2), key=lambda k: slots[k])
                 begin_chunk = max(launch + i * t.op_overhead, slots[slot])  # the launch thread issues them in turn
-                end, chunk_link = _inter_reduce(sim, group, piece, opts.compression, begin_chunk, ("lane", lane, slot),
+                end, chunk_link = _inter_reduce(sim, group, piece, opts.compression, begin_chunk, ("lane", lane),
                                                 flows)
                 slots[slot] = end
                 finished = max(finished, end)
@@ -306,21 +306,18 @@ def ddp(m: CellModel) -> Prediction:
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, total = 0.0, [], [], {}  # total: every step's bytes (PowerSGD's first steps are plain)
     # ProcessGroupGloo's two worker threads: two buckets' all-reduces in flight at once, interleaved on the group's
-    # one gloo pair per peer. The simulator runs one connection's operations in turn, so a second all-reduce started
-    # while the first is in flight is simulated on connections of its own (as hier-dp-overlap's lanes' two works
-    # are); one started with the first worker free takes the group's (its window as the last left it)
+    # one gloo pair per peer (one connection: the second's payloads take the gaps the first leaves, in one window)
     slots = [0.0, 0.0]
     for step in range(opts.steps):
         begin = clock
         done = clock
         buckets = rebuilt if step else [sum(rebuilt)]
         for size, ready in zip(buckets, _bucket_ready(m, clock, buckets)):  # DDP runs real compute only
-            free = [k for k in range(2) if slots[k] <= ready]
-            slot = free[0] if free else min(range(2), key=lambda k: slots[k])
+            slot = min(range(2), key=lambda k: slots[k])
             start = max(ready, slots[slot])
             parts = [size] if lowrank is None or step < opts.powersgd_start_iter else [n for n in lowrank if n]
             for part in parts:
-                start = gloo_all_reduce(sim, world, element * part, start, "ddp" if slot == 0 else ("ddp", slot))
+                start = gloo_all_reduce(sim, world, element * part, start, "ddp")
                 add_bytes(total, _ring_bytes(net, world, element * part, ("rs", "ag"), t.segment_bytes))
             slots[slot] = start
             done = max(done, start)

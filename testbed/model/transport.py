@@ -64,13 +64,24 @@ class Transport:
 @dataclass
 class Connection:
     """One TCP connection's send side: its window, when it last sent (None: fresh), and until when its byte
-    stream is busy (a payload queues behind the one before it on the same connection)."""
+    stream is busy (a payload queues behind the one before it on the same connection).
+
+    Several operations can be in flight on one connection at once (ProcessGroupGloo's two worker threads run two
+    collectives of one group on its one pair per peer): the simulator runs one operation after the other, so a
+    later-simulated operation's payloads take the gaps its predecessor left on the byte stream (queued_behind)
+    and share its window, rather than waiting for its end."""
 
     cwnd: float = 0.0
     last: float | None = None
     busy_until: float = 0.0
-    # (first, last byte leaves) of each payload, in order: a payload leaves after busy_until, so none overlap
+    # (first, last byte leaves) of each payload, ordered by the first
     sending: list[tuple[float, float]] = field(default_factory=list)
+
+    def record(self, first: float, last: float) -> None:
+        """A payload left from `first` to `last` (possibly before payloads simulated earlier)."""
+        bisect.insort(self.sending, (first, last))
+        self.busy_until = max(self.busy_until, last)
+        self.last = last if self.last is None else max(self.last, last)
 
     def queued_behind(self, when: float) -> float:
         """When a message written at `when` leaves: after the last byte of a payload still leaving then, and of
@@ -132,8 +143,7 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
     if nbytes <= 0:
         return 0.0
     if not edge.shaped:
-        conn.last = conn.busy_until = now + nbytes / edge.rate
-        conn.sending.append((now, conn.busy_until))
+        conn.record(now, now + nbytes / edge.rate)
         return nbytes / edge.rate
     restart_window(transport, conn, now, edge.rtt)
     bdp = edge.rate * edge.rtt
@@ -153,7 +163,5 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
         elapsed += max(edge.rtt, burst / edge.rate)
         window = min(2 * window, transport.max_window)
     conn.cwnd = window
-    conn.last = now + elapsed
-    conn.busy_until = now + elapsed
-    conn.sending.append((now, conn.busy_until))
+    conn.record(now, now + elapsed)
     return elapsed

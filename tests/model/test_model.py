@@ -187,12 +187,13 @@ def test_hsdp_and_fsdp_collectives_share_their_process_groups_connections(monkey
 def test_ddps_two_workers_overlap_two_buckets_all_reduces():
     """ProcessGroupGloo runs two works at once: with 0.5 MB buckets the tiny GPT's 0.95 MB of gradients are two
     buckets (DDP's own rebuild, tests/workload), the second ready while the first's all-reduce is in flight, and
-    the two interleave on the group's connections. Simulated one after the other, the step's exposed time here was
-    1.7x one bucket's (0.419 s against 0.248 s) where vs-pytorch measured DDP's step as long as flat-dp's, whose one
-    all-reduce is the whole model's (0.46 s against 0.44 s at 20 ms on the 16-core machine, 2026-11-27)."""
+    the two interleave on the group's one connection per peer. Simulated one after the other, the step's exposed
+    time here was 1.7x one bucket's (0.419 s against 0.248 s) where vs-pytorch measured DDP's step as long as
+    flat-dp's, whose one all-reduce is the whole model's (0.46 s against 0.44 s at 20 ms on the 16-core machine,
+    2026-11-27); interleaved in one window, the two buckets cost about what one does (0.243 s)."""
     one = predicted("ddp", latency=0.02, preset="tiny", steps=4, compute_s=0.1, bucket_cap_mb=25)
     two = predicted("ddp", latency=0.02, preset="tiny", steps=4, compute_s=0.1, bucket_cap_mb=0.5)
-    assert one.exposed_s < two.exposed_s < 1.2 * one.exposed_s
+    assert 0.8 * one.exposed_s < two.exposed_s < 1.2 * one.exposed_s
 
 
 def test_powersgd_sends_its_factors_in_three_all_reduces_in_turn_from_its_start_step():
@@ -502,6 +503,31 @@ def test_plan_search_recommends_a_configuration_per_point():
         assert not found["recommended"]["caveat"]  # the recommendation keeps the algorithm and the batch
         # at 5-20 ms between stages, keeping micro-batches in flight across the link beats waiting for them
         assert found["recommended"]["options"]["schedule"] == "overlap"
+
+
+def test_two_collectives_in_flight_on_one_connection_share_its_byte_stream_and_window():
+    """ProcessGroupGloo runs two works of one group at once on its one pair per peer: the second all-reduce's
+    payloads queue behind what the first is sending when they are written (one byte stream) and take the gaps the
+    first leaves, in one window: they neither wait for the first's end nor go out beside it on a fresh
+    connection (two cold windows at once, which one connection does not have)."""
+    _, net = two_dc(1, 0.02, 1e9)
+    transport = dataclasses.replace(IDEAL, local_bandwidth=1e9 / Transport().efficiency)
+    shared = Sim(net, transport)
+    gloo_all_reduce(shared, [0, 1], 4_000_000, 0.0, "pg")
+    first = list(shared.connections.get(("pg", 0, 1)).sending)  # rank 0's 4 payloads: 2 per phase
+    second_end = gloo_all_reduce(shared, [0, 1], 500_000, 0.05, "pg")  # written while the first's go out
+    spans = shared.connections.get(("pg", 0, 1)).sending
+    second = [span for span in spans if span not in first]
+    assert spans == sorted(spans) and len(first) == len(second) == 4
+    assert first[0][1] <= min(start for start, _ in second) < first[-1][0]  # behind the payload going out when
+    # written, and in the gap between the first's two phases (the first's all-gather still to come)
+    serial = Sim(net, transport)
+    after = gloo_all_reduce(serial, [0, 1], 500_000, gloo_all_reduce(serial, [0, 1], 4_000_000, 0.0, "pg"), "pg")
+    apart = Sim(net, transport)
+    gloo_all_reduce(apart, [0, 1], 4_000_000, 0.0, "pg")
+    beside = gloo_all_reduce(apart, [0, 1], 500_000, 0.05, "other")
+    assert first[0][1] < second_end < after  # after the payload it queued behind, before the first and then itself
+    assert beside < second_end  # a connection of its own would start a window of its own at once
 
 
 def test_a_recv_ready_note_waits_behind_the_payload_its_sender_is_sending_on_the_same_connection():
