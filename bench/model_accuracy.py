@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                                  if args.run else [])
     if not runs:
         parser.error("give run directories, or --run")
+    for run_dir in runs:
+        if not (run_dir / "manifest.json").is_file():
+            parser.error(f"{run_dir}: not a run directory (no manifest.json: a run that never started?)")
     frames = []
     for run_dir in runs:
         if not args.no_refit:
