@@ -73,14 +73,17 @@ class Connection:
 
     cwnd: float = 0.0
     last: float | None = None
-    busy_until: float = 0.0
     # (first, last byte leaves) of each payload, ordered by the first
     sending: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def busy_until(self) -> float:
+        """When the last byte of every payload recorded so far has left."""
+        return max((last for _, last in self.sending), default=0.0)
 
     def record(self, first: float, last: float) -> None:
         """A payload left from `first` to `last` (possibly before payloads simulated earlier)."""
         bisect.insort(self.sending, (first, last))
-        self.busy_until = max(self.busy_until, last)
         self.last = last if self.last is None else max(self.last, last)
 
     def queued_behind(self, when: float) -> float:
