@@ -54,6 +54,7 @@ class ComputeProfile:
     micro_batch: int
     seq_len: int
     seconds: float  # forward+backward of one micro-batch of the whole model, every rank computing at once
+    # (the slowest rank's: compute_profiles)
     concurrent_ranks: int
 
 
@@ -137,13 +138,25 @@ def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> 
 
 
 def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
+    """One profile per (preset, micro-batch, sequence length). Where every rank recorded its repetitions (all
+    ranks starting each one at one instant), per repetition the slowest rank's time, then the median over the
+    repetitions: what gates a synchronous step while the ranks share this machine's cores. Older records (each
+    rank's own median only, ranks not started together): the median over ranks."""
     by_key: dict[tuple, list[dict]] = {}
     for record in records:
         if record.get("event") == "compute":
             by_key.setdefault((record["preset"], record["micro_batch"], record["seq_len"]), []).append(record)
-    return [ComputeProfile(p, mb, seq, statistics.median(r["seconds"] for r in items),
-                           items[0].get("concurrent_ranks", len(items)))
-            for (p, mb, seq), items in by_key.items()]
+    out = []
+    for (preset, micro_batch, seq_len), items in by_key.items():
+        reps = [item.get("reps") or [] for item in items]
+        count = min(len(r) for r in reps)
+        if count:
+            seconds = statistics.median(max(r[i] for r in reps) for i in range(count))
+        else:
+            seconds = statistics.median(item["seconds"] for item in items)
+        out.append(ComputeProfile(preset, micro_batch, seq_len, seconds,
+                                  items[0].get("concurrent_ranks", len(items))))
+    return out
 
 
 # --- the model of each benchmark operation -----------------------------------------------------------------------

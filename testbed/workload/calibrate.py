@@ -169,16 +169,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset:
         import dataclasses
 
-        from testbed.workload.compute import measure_compute_seconds
+        from testbed.workload.compute import compute_step
         from testbed.workload.model import PRESETS
 
         cfg = PRESETS[args.preset]
         if args.seq_len:
             cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
-        dist.barrier()
-        seconds = measure_compute_seconds(cfg, args.micro_batch, repeats=args.compute_reps)
+        step = compute_step(cfg, args.micro_batch)
+        step()  # the first pass allocates and starts autograd's threads: not what a training step costs
+        starts, seconds = [], []
+        for _ in range(args.compute_reps):  # every rank computes at once, as in a step: they share the cores
+            dist.barrier()
+            _, start = _aligned_start(dist, layout.rank, margin)
+            step()
+            starts.append(start)
+            seconds.append(time.monotonic() - start)
         record(event="compute", preset=args.preset, micro_batch=args.micro_batch, seq_len=cfg.seq_len,
-               seconds=seconds, concurrent_ranks=layout.world)
+               seconds=sorted(seconds)[len(seconds) // 2], reps=seconds, starts=starts,
+               concurrent_ranks=layout.world)
     dist.barrier()
     out.close()
     dist.destroy_process_group()

@@ -8,6 +8,7 @@ compute/communication ratio can be emulated from a device profile.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -17,18 +18,29 @@ from testbed.workload.options import Options
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
 
 
-def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None,
-                            repeats: int = 3) -> float:
-    """Median real forward+backward time of one micro-batch of the whole model on this device."""
+def compute_step(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None) -> Callable[[], None]:
+    """One micro-batch's real forward and backward of the whole model, built once: call it to compute (it
+    returns once the device has finished)."""
     device = device or torch.device("cpu")
     model = GPT(cfg).to(device)
     x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq_len), device=device)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
+
+    def step() -> None:
         loss_fn(model(x), x).backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
+    return step
+
+
+def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None,
+                            repeats: int = 3) -> float:
+    """Median real forward+backward time of one micro-batch of the whole model on this device."""
+    step = compute_step(cfg, micro_batch, device)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        step()
         times.append(time.perf_counter() - start)
     return sorted(times[1:])[len(times[1:]) // 2]
 

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from testbed.model import shapes
-from testbed.model.calibration import Calibration, fit, fit_transport, predict_samples, samples_from_records
+from testbed.model.calibration import (
+    Calibration,
+    compute_profiles,
+    fit,
+    fit_transport,
+    predict_samples,
+    samples_from_records,
+)
 from testbed.model.collectives import (
     MESSAGE_BYTES,
     Sim,
@@ -328,6 +335,32 @@ def test_fit_on_recorded_measurements():
     assert calibration.fit["median_abs_error"] < 0.3
     assert 0.0 < calibration.transport.wire_overhead < 0.1  # headers and ACKs: a few per cent
     assert 0.3 <= calibration.transport.efficiency <= 1.0
+
+
+def _compute_record(rank: int, reps: list[float] | None) -> dict:
+    record = {"rank": rank, "event": "compute", "preset": "tiny", "micro_batch": 32, "seq_len": 64,
+              "seconds": sorted(reps)[len(reps) // 2] if reps else 0.1 * (rank + 1), "concurrent_ranks": 4}
+    return {**record, "reps": reps} if reps is not None else record
+
+
+@pytest.mark.parametrize(("reps", "expected"), [
+    # per repetition the slowest rank (0.30, 0.25, 0.40), then their median: not any one rank's median (0.20)
+    ([[0.10, 0.25, 0.20], [0.30, 0.20, 0.20], [0.20, 0.10, 0.40], [0.20, 0.20, 0.20]], 0.30),
+    # a rank that recorded fewer repetitions: only the repetitions every rank has
+    ([[0.10, 0.50], [0.20], [0.30], [0.15]], 0.30),
+    # older records, no repetitions: the median over the ranks' own medians (0.1, 0.2, 0.3, 0.4)
+    ([None, None, None, None], 0.25),
+])
+def test_compute_profile_is_the_slowest_rank_of_each_repetition_every_rank_computing_at_once(reps, expected):
+    """A synchronous step waits for its slowest rank, and ranks sharing a machine's cores compute at different
+    speeds each time: the profile is the median over repetitions (all ranks started at one instant) of the
+    slowest rank's time. Measured here 2026-11-27 (quickstart's model, 4 ranks on 2 cores, four calibrations):
+    0.213-0.244 s this way; the ranks' own medians with unaligned starts gave 0.082-0.148 s, while the cells'
+    warm-up steps computed 0.20-0.25 s per micro-batch."""
+    records = [_compute_record(rank, r) for rank, r in enumerate(reps)]
+    (profile,) = compute_profiles([*records, {"event": "op"}])
+    assert (profile.preset, profile.micro_batch, profile.seq_len, profile.concurrent_ranks) == ("tiny", 32, 64, 4)
+    assert profile.seconds == pytest.approx(expected)
 
 
 def test_fit_on_recorded_measurements_over_a_long_link_explains_each_operation_in_its_order():

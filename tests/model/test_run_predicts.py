@@ -20,6 +20,13 @@ def test_a_run_is_calibrated_and_predicted(netns_quickstart):
     assert calibration["fit"]["samples"] >= 8 and calibration["transport"]["op_overhead"] >= 0
     measured = json.loads((run_dir / "calibration" / "measured.json").read_text())  # the raw figures, to refit
     assert measured["launcher"] == "fork"  # the run's fork server started the calibration's ranks too
+    computes = [r for r in measured["records"] if r.get("event") == "compute"]  # real compute: profiled
+    assert len(computes) == measured["world"] and len({len(r["reps"]) for r in computes}) == 1
+    for starts in zip(*(r["starts"] for r in computes)):  # each repetition: every rank at one instant
+        assert max(starts) - min(starts) < 0.05, starts
+    profile = calibration["compute"][0]["seconds"]
+    assert profile == pytest.approx(sorted(max(reps) for reps in zip(*(r["reps"] for r in computes)))[
+        len(computes[0]["reps"]) // 2])
     rows = list(csv.DictReader(open(run_dir / "summary.csv")))
     assert len(rows) == 1
     for column in ("step_s_predicted", "tokens_per_s_predicted", "inter_dc_bytes_predicted", "step_error"):
