@@ -203,11 +203,13 @@ def _one(sim: Sim, sample: dict[str, Any], start: float) -> float:
     raise ValueError(f"unknown benchmark operation {op}/{group}")
 
 
-def _predict_timeline(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> list[float]:
+def _predict_timeline(network: Network, transport: Transport, samples: list[dict[str, Any]],
+                      sim: Sim | None = None) -> list[float]:
     """Seconds of every operation, simulated in the order the benchmark ran them on one set of connections,
     each after the idle gap measured before it: a connection's window is what the operations before it left
-    (TCP restarts it after an idle period longer than its retransmission timeout)."""
-    sim = Sim(network, transport, Connections(transport))
+    (TCP restarts it after an idle period longer than its retransmission timeout). `sim`: simulate on it (to read
+    its connections after)."""
+    sim = sim or Sim(network, transport, Connections(transport))
     out = [0.0] * len(samples)
     clock, previous_end = 0.0, None
     control = _control_pairs(network.world)
@@ -312,6 +314,18 @@ def benchmark_payload(network: Network, transport: Transport, samples: list[dict
     return total
 
 
+def benchmark_wire_share(network: Network, transport: Transport, samples: list[dict[str, Any]]) -> float:
+    """The headers of the TSO units the benchmark's simulated sends were cut into (beyond each message's first),
+    per payload byte over every inter-DC link direction; 0 where the records have no timeline to simulate."""
+    if not samples or not all("start" in sample for sample in samples):
+        return 0.0
+    sim = Sim(network, transport, Connections(transport))
+    _predict_timeline(network, transport, samples, sim)
+    per_hop = sim.wire_bytes().values()
+    sent = sum(sent for _, sent in per_hop)
+    return sum(extra for extra, _ in per_hop) / sent if sent > 0 else 0.0
+
+
 def fit(topology: Topology, measured: dict[str, Any], ranks_per_node: int = 1) -> Calibration:
     """A Calibration from what testbed.runner.calibrate.measure returned."""
     rtts = {(p["src"], p["dst"]): p["rtt_p50_ms"] / 1e3 for p in measured.get("probe", [])
@@ -322,8 +336,10 @@ def fit(topology: Topology, measured: dict[str, Any], ranks_per_node: int = 1) -
     payload = benchmark_payload(network, transport, samples)
     kernel = sum(v.get("tx_bytes", 0) for v in measured.get("link_bytes", {}).values())
     if payload > 0 and kernel > 0:
-        transport = replace(transport, wire_overhead=kernel / payload - 1)
-        summary["bytes"] = {"kernel": kernel, "payload": payload, "overhead": kernel / payload - 1}
+        units = benchmark_wire_share(network, transport, samples)
+        transport = replace(transport, wire_overhead=kernel / payload - 1 - units)
+        summary["bytes"] = {"kernel": kernel, "payload": payload, "overhead": kernel / payload - 1,
+                            "tso_units": units, "residual": kernel / payload - 1 - units}
     source = {"topology": topology.name, "links": measured.get("links"), "link_params": measured.get("link_params"),
               "probe": measured.get("probe"), "world": measured.get("world"),
               "created": datetime.now(UTC).isoformat(), **measured.get("machine", {})}

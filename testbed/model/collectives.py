@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from testbed.model.network import Network
-from testbed.model.transport import Connections, Edge, Transport, restart_window, send_time
+from testbed.model.transport import HEADER_BYTES, Connections, Edge, Transport, restart_window, send_time
 
 
 def ring_all_reduce_factor(g: int) -> float:
@@ -56,6 +56,24 @@ class Sim:
     def __post_init__(self) -> None:
         if self.connections is None:
             self.connections = Connections(self.transport)
+
+    def wire_bytes(self) -> dict[str, tuple[float, float]]:
+        """Per inter-DC link direction: (headers of the simulated sends' TSO units beyond each message's first,
+        which MESSAGE_BYTES counts; payload bytes sent) over the connections crossing it."""
+        out: dict[str, tuple[float, float]] = {}
+        net = self.network
+        for (_, src, dst), conn in self.connections.table.items():
+            a, b = net.dc_of(src), net.dc_of(dst)
+            if not conn.messages or a == b:
+                continue
+            for hop in net.path(a, b).hops:
+                extra, sent = out.get(hop, (0.0, 0.0))
+                out[hop] = (extra + HEADER_BYTES * (conn.units - conn.messages), sent + conn.sent)
+        return out
+
+    def wire_share(self) -> dict[str, float]:
+        """wire_bytes as header bytes per payload byte, per link direction."""
+        return {hop: extra / sent for hop, (extra, sent) in self.wire_bytes().items() if sent > 0}
 
     def edge(self, src: int, dst: int, flows: int = 1) -> Edge:
         """The path from rank src to rank dst; `flows` equal flows share its bandwidth."""
@@ -190,7 +208,7 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
 # Bytes on the wire per gloo message besides its payload: a 48-byte preamble and, once per message, a frame's
 # Ethernet + IP + TCP headers (14 + 20 + 32); every payload goes with two notifications (send ready, recv ready)
 # of their own. Proportional overhead (headers of the payload's further frames, ACKs) is the calibration's.
-MESSAGE_BYTES = 3 * (48 + 66)
+MESSAGE_BYTES = 3 * (48 + HEADER_BYTES)
 
 
 def ring_link_bytes(network: Network, ranks: list[int], nbytes: float, factor: float) -> dict[str, float]:

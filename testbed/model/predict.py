@@ -88,7 +88,8 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     t = calibration.transport
     steps = max(1, opts.steps)
     per_link = {key: (prediction.link_bytes.get(key, 0.0) + prediction.once_link_bytes.get(key, 0.0) / steps)
-                * (1 + t.wire_overhead) for key in {**prediction.link_bytes, **prediction.once_link_bytes}}
+                * (1 + t.wire_overhead + prediction.wire_share.get(key, 0.0))
+                for key in {**prediction.link_bytes, **prediction.once_link_bytes}}
     kernel = (sum(per_link.values()) * steps + t.fixed_bytes) / steps
     return CellPrediction(data["id"], data["strategy"], bool(data.get("baseline")), dict(data.get("sweep", {})),
                           prediction, kernel, per_link)

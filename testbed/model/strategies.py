@@ -65,6 +65,8 @@ class Prediction:
     tokens_per_step: float = 0.0
     link_bytes: dict[str, float] = field(default_factory=dict)  # payload per step, per inter-DC link direction
     once_link_bytes: dict[str, float] = field(default_factory=dict)  # payload once per run (start-up), per direction
+    wire_share: dict[str, float] = field(default_factory=dict)  # per direction: headers of the TSO units the sends
+    # were cut into beyond each message's first, per payload byte (Sim.wire_share)
     explain: str = ""
 
     @property
@@ -187,7 +189,8 @@ def flat_dp(m: CellModel) -> Prediction:
     return Prediction("flat-dp", _measured(m, walls), compute, exposed,
                       tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"exposed communication is the ring all-reduce of {4 * numel / 1e6:.2f} MB over all "
-                              f"{net.world} ranks: {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
+                              f"{net.world} ranks: {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}",
+                      wire_share=sim.wire_share())
 
 
 def _hier_sync(sim: Sim, numel: int, codec: str, start: float, key: object, flows_extra: int = 1
@@ -225,7 +228,8 @@ def hier_dp(m: CellModel) -> Prediction:
                       tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"exposed communication is the reduce-scatter in the DC, the all-reduce of a "
                               f"{4 * numel / n / 1e6:.2f} MB shard across DCs ({n} groups at once) and the all-gather: "
-                              f"{exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
+                              f"{exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}",
+                      wire_share=sim.wire_share())
 
 
 def hier_dp_overlap(m: CellModel) -> Prediction:
@@ -278,7 +282,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
                       tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"{len(buckets)} buckets, each shard's all-reduce across DCs cut into {chunks} chunks on "
                               f"{lanes} lanes and started during backward: {exposed * 1e3:.0f} ms left exposed after "
-                              f"compute{_round_trips(net, exposed)}")
+                              f"compute{_round_trips(net, exposed)}", wire_share=sim.wire_share())
 
 
 # --- PyTorch's own data parallelism ---------------------------------------------------------------------------
@@ -335,7 +339,7 @@ def ddp(m: CellModel) -> Prediction:
                       tokens_per_step=_tokens(m), link_bytes=link, once_link_bytes=once,
                       explain=f"DDP's {len(rebuilt)} buckets, each all-reduced over all {net.world} ranks{hook} as "
                               f"the last micro-batch's backward produces it: {exposed * 1e3:.0f} ms left exposed after "
-                              f"compute{_round_trips(net, exposed)}")
+                              f"compute{_round_trips(net, exposed)}", wire_share=sim.wire_share())
 
 
 def _sharded(m: CellModel, name: str) -> Prediction:
@@ -403,7 +407,8 @@ def _sharded(m: CellModel, name: str) -> Prediction:
     return Prediction(name, _measured(m, walls), m.compute_s * opts.micro_batches, exposed,
                       tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"FSDP2's {len(units)} units gathered and reduced {where}, every collective blocking "
-                              f"(no CUDA stream on CPU): {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}")
+                              f"(no CUDA stream on CPU): {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}",
+                      wire_share=sim.wire_share())
 
 
 def fsdp(m: CellModel) -> Prediction:
@@ -528,7 +533,7 @@ def pipeline(m: CellModel) -> Prediction:
                       bubble, span, tokens, link,
                       explain=f"{opts.schedule} over {p} stages, {mb} micro-batches: bubble {bubble * 1e3:.0f} ms of a "
                               f"{span * 1e3:.0f} ms pipeline ({bubble / span:.0%}); the stage chain crosses "
-                              f"{hops * 1e3:.1f} ms one way" if span > 0 else "")
+                              f"{hops * 1e3:.1f} ms one way" if span > 0 else "", wire_share=sim.wire_share())
 
 
 # --- DiLoCo -----------------------------------------------------------------------------------------------------
@@ -575,7 +580,7 @@ def diloco(m: CellModel) -> Prediction:
     return Prediction(opts.strategy, _measured(m, walls), compute, _measured(m, comms),
                       tokens_per_step=_tokens(m), link_bytes=per_step_link,
                       explain=f"an outer synchronisation every {h} steps costs {outer_cost * 1e3:.0f} ms, "
-                              f"{outer_cost / h * 1e3:.1f} ms per step amortised")
+                              f"{outer_cost / h * 1e3:.1f} ms per step amortised", wire_share=sim.wire_share())
 
 
 def async_diloco(m: CellModel) -> Prediction:
@@ -621,7 +626,7 @@ def async_diloco(m: CellModel) -> Prediction:
                       link_bytes=_scaled(link, 1 / opts.steps),
                       explain=f"an outer synchronisation every {h} steps takes {outer * 1e3:.0f} ms in the background "
                               f"(waited for only at {opts.max_staleness} steps' staleness and at the end): "
-                              f"{exposed * 1e3:.1f} ms per step exposed")
+                              f"{exposed * 1e3:.1f} ms per step exposed", wire_share=sim.wire_share())
 
 
 def streaming_diloco(m: CellModel) -> Prediction:
@@ -659,7 +664,7 @@ def streaming_diloco(m: CellModel) -> Prediction:
                       tokens_per_step=_tokens(m),
                       link_bytes=_scaled(link_total, 1 / opts.steps),
                       explain=f"{count} fragments synchronised in turn every {period} steps, each hidden behind "
-                              f"{opts.overlap_steps} inner steps")
+                              f"{opts.overlap_steps} inner steps", wire_share=sim.wire_share())
 
 
 PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {

@@ -17,10 +17,15 @@ testbed.model.calibration from measurements.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 PAYLOAD_PER_FRAME = 1448 / 1514  # TCP payload per full Ethernet frame at MTU 1500 (timestamps on)
+HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4 and TCP (with timestamps) headers of one packet
+GSO_MAX = 65536  # bytes: the largest unit TCP hands the stack at once (sk_gso_max_size)
+PACING_SHIFT = 10  # a unit holds about 1/2^10 s of the pacing rate (sk_pacing_shift)
+MIN_TSO_SEGS = 2  # net.ipv4.tcp_min_tso_segs
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,8 @@ class Transport:
     # (fitted from the benchmark's late send/recv: measured here, not explained by gloo's protocol alone)
     restart_window: float = 1e12  # bytes: the window after an idle restart is at most this (fitted: measured cold
     # transfers restart lower than the halving rule alone gives: app-limited windows, HyStart, delayed ACKs)
-    wire_overhead: float = 0.035  # kernel-counted bytes per payload byte, minus one (headers, ACKs, control)
+    wire_overhead: float = 0.035  # kernel-counted bytes per payload byte, minus one, besides the headers of
+    # the simulated sends' TSO units (ACKs, control: the calibration's residual)
     fixed_bytes: float = 0.0  # kernel-counted bytes per cell besides its steps (process-group start-up)
 
     def with_fit(self, **values: Any) -> Transport:
@@ -73,6 +79,9 @@ class Connection:
 
     cwnd: float = 0.0
     last: float | None = None
+    sent: float = 0.0  # payload bytes sent on shaped paths
+    messages: int = 0  # sends on shaped paths
+    units: int = 0  # the TSO units (packets on a virtual link) those sends were cut into: tso_units
     # (first, last byte leaves) of each payload, ordered by the first
     sending: list[tuple[float, float]] = field(default_factory=list)
 
@@ -137,6 +146,22 @@ def restart_window(transport: Transport, conn: Connection, now: float, rtt: floa
     conn.cwnd = max(min(conn.cwnd, transport.restart_window), restart)
 
 
+def tso_units(transport: Transport, nbytes: float, window: float, rtt: float, slow_start: bool) -> int:
+    """How many units Linux TCP cuts one round's `nbytes` into (tcp_tso_autosize): about 1 ms of the pacing rate
+    it computes for itself (twice window / round trip in slow start, 1.2 times after), plus a bonus on round trips
+    under 16 ms, at least two segments and at most 64 kB. A virtual link (veth, the delay line's queue) passes
+    them whole and its counters count them: long round trips and small windows make more, smaller packets, each
+    with its headers."""
+    rate = (2.0 if slow_start else 1.2) * window / max(rtt, 1e-9)
+    size = rate / (1 << PACING_SHIFT)
+    shift = int(rtt * 1e6) >> 9  # tcp_tso_rtt_log: the bonus halves per 512 us of minimum round trip
+    if shift < 32:
+        size += GSO_MAX >> shift
+    mss = transport.mss
+    size = max(MIN_TSO_SEGS, int(min(size, GSO_MAX) // mss)) * mss
+    return max(1, math.ceil(nbytes / size))
+
+
 def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge, now: float) -> float:
     """Seconds from the first to the last byte of `nbytes` leaving on `conn` (arrival: add edge.latency).
     Slow start: each round sends a window and waits a round trip for its acknowledgements, the window growing
@@ -151,12 +176,16 @@ def send_time(transport: Transport, conn: Connection, nbytes: float, edge: Edge,
     restart_window(transport, conn, now, edge.rtt)
     bdp = edge.rate * edge.rtt
     left, elapsed, window, rounds = float(nbytes), 0.0, conn.cwnd, 0
+    conn.sent += nbytes
+    conn.messages += 1
     while left > 0:
         if window >= bdp:
             elapsed += left / edge.rate
+            conn.units += tso_units(transport, left, max(window, bdp), edge.rtt, slow_start=False)
             break
         burst = min(window, left)
         left -= burst
+        conn.units += tso_units(transport, burst, window, edge.rtt, slow_start=True)
         if left <= 0:
             elapsed += burst / edge.rate
             if 2 * burst >= window or rounds:  # after a filled round Linux still counts it limited (latched)

@@ -19,6 +19,7 @@ import pytest
 from testbed.model import shapes
 from testbed.model.calibration import (
     Calibration,
+    ComputeProfile,
     compute_profiles,
     fit,
     fit_transport,
@@ -38,7 +39,7 @@ from testbed.model.collectives import (
 from testbed.model.network import build_network
 from testbed.model.predict import predict_cell, warmup_overhead
 from testbed.model.strategies import PREDICTORS, CellModel, _all_reduce_bytes, pipeline
-from testbed.model.transport import Connection, Edge, Transport, send_time
+from testbed.model.transport import Connection, Edge, Transport, send_time, tso_units
 from testbed.plan.cells import plan_cells
 from testbed.spec.experiment import load_experiment
 from testbed.spec.strategies import Options
@@ -334,7 +335,41 @@ def test_fit_on_recorded_measurements():
     assert calibration.fit["samples"] == len(samples_from_records(measured["records"])) == 24
     assert calibration.fit["median_abs_error"] < 0.3
     assert 0.0 < calibration.transport.wire_overhead < 0.1  # headers and ACKs: a few per cent
+    bytes_fit = calibration.fit["bytes"]  # the TSO units' headers explain part of it, the rest is the residual
+    assert bytes_fit["tso_units"] > 0 and calibration.transport.wire_overhead == pytest.approx(
+        bytes_fit["overhead"] - bytes_fit["tso_units"])
     assert 0.3 <= calibration.transport.efficiency <= 1.0
+
+
+@pytest.mark.parametrize(("nbytes", "window", "rtt", "units"), [
+    (14480, 14480, 0.040, 5),  # 10 segments at 40 ms: 2 x 14480 / 0.04 / 1024 = 707 B, so the 2-segment floor
+    (1448000, 1448000, 0.040, 23),  # 72.4 MB/s / 1024 = 70.7 kB, capped at 64 kB: 45 segments, 23 units
+    (1048576, 1e6, 1e-4, 17),  # under 512 us the whole 64 kB bonus: 45-segment units
+    (14480, 14480, 0.001, 1),  # 1 ms: 28.3 kB + a 32 kB bonus, 42 segments, one unit for 10
+])
+def test_tso_units_follow_linux_autosizing(nbytes, window, rtt, units):
+    """tcp_tso_autosize by hand: about 1 ms of the pacing rate (twice window / round trip in slow start), plus
+    64 kB >> (round trip / 512 us), whole segments, at least 2 and at most 64 kB."""
+    assert tso_units(Transport(), nbytes, window, rtt, slow_start=True) == units
+
+
+def test_kernel_bytes_grow_with_the_round_trip_as_the_counters_did():
+    """Measured here 2026-11-27 (quickstart, 2 DCs x 2 nodes, 1 Gbit/s, CUBIC, userspace delay line, 3 runs each):
+    the kernel counted 0.79 % over the closed-form payload for hier-dp-overlap at 0 ms and 2.83 % at 20 ms one way
+    (+2.04 points: its chunks go out of cold windows in small units), flat-dp 0.21 % and 0.62 % (+0.40). A single
+    proportional overhead cannot follow that; the simulated sends' TSO units do."""
+    experiment, topology = load_experiment(ROOT / "experiments" / "quickstart.yaml")
+    calibration = Calibration(Transport(wire_overhead=0.0), [ComputeProfile("tiny", 32, 64, 0.22, 4)])
+    share = {}
+    for cell in plan_cells(experiment, topology):
+        if cell.baseline or cell.repetition:
+            continue
+        p = predict_cell(topology, cell, calibration, warmup_steps=experiment.workload.warmup_steps)
+        payload = p.prediction.inter_dc_bytes + sum(p.prediction.once_link_bytes.values()) / cell.options["steps"]
+        share[(cell.strategy, cell.sweep["links[east,west].latency"])] = p.kernel_bytes_per_step / payload - 1
+    overlap = share[("hier-dp-overlap", "20ms")] - share[("hier-dp-overlap", "0ms")]
+    flat = share[("flat-dp", "20ms")] - share[("flat-dp", "0ms")]
+    assert 0.015 < overlap < 0.025 and 0.002 < flat < 0.008, share
 
 
 def _compute_record(rank: int, reps: list[float] | None) -> dict:
