@@ -207,7 +207,8 @@ def transfer(sim: Sim, src: int, dst: int, nbytes: int, sent: float, posted: flo
 
 # Bytes on the wire per gloo message besides its payload: a 48-byte preamble and, once per message, a frame's
 # Ethernet + IP + TCP headers (14 + 20 + 32); every payload goes with two notifications (send ready, recv ready)
-# of their own. Proportional overhead (headers of the payload's further frames, ACKs) is the calibration's.
+# of their own. The headers of a payload's further units are the simulated sends' (Sim.wire_bytes); ACKs and
+# other control are the calibration's proportional residual.
 MESSAGE_BYTES = 3 * (48 + HEADER_BYTES)
 
 
