@@ -8,10 +8,10 @@ the receiver's "recv ready" notification has arrived (a rendezvous: one extra on
 when the receiver posts late). Over a long round trip that makes it app-limited: two segments per round trip,
 whatever the bandwidth. TCP (Linux): a connection starts with 10 segments of window, doubles it per round trip
 while it fills it, and after an idle period longer than the retransmission timeout halves it per timeout
-elapsed, down to the initial window (net.ipv4.tcp_slow_start_after_idle, on by default). Those are the
-protocols' own constants; what depends on the machine (per-operation software overhead, the rate of unshaped
-paths, the share of a shaped rate TCP payload gets, header bytes on the wire) is fitted by
-testbed.model.calibration from measurements.
+elapsed, down to the initial window (net.ipv4.tcp_slow_start_after_idle, on by default); it cuts what it sends
+into units of about 1 ms of its pacing rate (tso_units). Those are the protocols' own constants; what depends on
+the machine (per-operation software overhead, the rate of unshaped paths, the share of a shaped rate TCP payload
+gets, the bytes on the wire beyond the units' headers) is fitted by testbed.model.calibration from measurements.
 """
 
 from __future__ import annotations
