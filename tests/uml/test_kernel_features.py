@@ -7,14 +7,13 @@ kernel built without it). Two boots serve the four tests: no IPv6 and no nfnetli
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 
 from testbed.fabric.lifecycle import attach
 
 from ..conftest import TOPOLOGIES, namespaces_with, run_cli
-from .test_netem import pings
+from .test_netem import uml_round_trip_ms
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(900)]
 
@@ -45,7 +44,7 @@ def test_a_kernel_without_ipv6_runs_the_testbed(prefix):
     if not all(19.5 <= pair["rtt_p50_ms"] <= 25.0 for pair in pairs):
         # CI 2026-11-27 saw a p50 of 29.6 ms once (6 probes with both host cores busy here: 20.5-20.9 ms): say
         # whether UML itself was slow then (its unshaped round trip inside one DC) or only the shaped path
-        own = statistics.median(pings(attach(prefix), "east-0", "east-1", 50, 0.01)["rtts"]) * 1e3
+        own = uml_round_trip_ms(attach(prefix))
         pytest.fail(f"shaped RTT p50 outside 19.5-25 ms: {[(p['rtt_p50_ms'], p['rtt_p99_ms']) for p in pairs]}; "
                     f"UML's own unshaped round trip {own:.2f} ms")
     # (the link is shaped: an unshaped UML round trip is ~1 ms; netem's accuracy, net of UML's own round trip, is
