@@ -1,12 +1,14 @@
-"""Does SCHED_FIFO for the delay-line worker help under CPU load? The delay line's own lateness, measured.
+"""Does SCHED_FIFO help under CPU load, for the delay-line worker or for the probe's pinger and echo? Measured.
 
-A pair of DCs (10 ms one way, 1 Gbit/s); per repetition and scheduling mode (normal vs SCHED_FIFO, alternating):
-bring the link up, start N busy processes (none, or more than this machine's cores), run pings and a TCP flow
-paced at 200 Mbit/s across it for a few seconds, and read the delay line's lateness figures (how late it released
-each packet against its due time: its own error) and the probe's RTT error (endpoints included).
-Medians over repetitions.
+A pair of DCs (10 ms one way, 1 Gbit/s); per repetition and scheduling mode (normal vs SCHED_FIFO, alternating)
+of the part under test (--part delay-line, or probe: the other keeps its default, SCHED_FIFO): bring the link
+up, start N busy processes (none, or more than this machine's cores; --hog python: a busy loop, torch: a
+matrix product on torch's threads, as ranks are), run pings and a TCP flow paced at 200 Mbit/s across it for a
+few seconds, and read the delay line's lateness figures (how late it released each packet against its due time:
+its own error) and the probe's RTT error (endpoints included). Medians over repetitions.
 
-Usage: .venv/bin/python bench/delay_line_priority.py [--reps 3] [--busy 0,4] [--seconds 5]   (root)
+Usage: .venv/bin/python bench/delay_line_priority.py [--part delay-line|probe] [--hog python|torch] [--reps 3]
+       [--busy 0,4] [--seconds 5]   (root)
 """
 
 from __future__ import annotations
@@ -22,22 +24,27 @@ import pandas as pd
 
 from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.agents.delayline.worker import RT_ENV
+from testbed.agents.probe import RT_ENV as PROBE_RT_ENV
 from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-prio-"
 PORT = 5201
+PARTS = {"delay-line": RT_ENV, "probe": PROBE_RT_ENV}  # the part under test: its scheduling switch
+HOGS = {"python": "while True: pass",
+        "torch": "import torch\na = torch.randn(512, 512)\nwhile True: a @ a"}
 
 
 def agent(*args: str) -> list[str]:
     return [sys.executable, "-m", "testbed.agents.probe", *args]
 
 
-def one(mode: str, busy: int, seconds: float) -> dict:
-    os.environ[RT_ENV] = "1" if mode == "fifo" else "0"
+def one(part: str, mode: str, busy: int, hog: str, seconds: float) -> dict:
+    for name, switch in PARTS.items():
+        os.environ[switch] = "0" if name == part and mode == "other" else "1"
     topology = topology_from_data({"name": "prio", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                    "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "1gbit"}]})
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    hogs = [subprocess.Popen([sys.executable, "-c", HOGS[hog]]) for _ in range(busy)]
     testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay")
     dst = testbed.plan.node("west-0").address
     server = testbed.fabric.popen("west-0", agent("serve", "--port", str(PORT)), stdout=subprocess.PIPE, text=True)
@@ -49,7 +56,8 @@ def one(mode: str, busy: int, seconds: float) -> dict:
         pings = testbed.fabric.popen("east-0", agent("rtt", dst, "--port", str(PORT), "--count",
                                                      str(int(seconds / 0.01)), "--interval", "0.01"),
                                      stdout=subprocess.PIPE, text=True)
-        rtts = json.loads(pings.communicate(timeout=seconds + 60)[0])["rtts"]
+        ping = json.loads(pings.communicate(timeout=seconds + 60)[0])
+        rtts = ping["rtts"]
         flow.communicate(timeout=seconds + 60)
         after = testbed.fabric.delay_line_stats()
     finally:
@@ -59,7 +67,8 @@ def one(mode: str, busy: int, seconds: float) -> dict:
             hog.kill()
             hog.wait()
         tear_down(PREFIX)
-    row = {"busy processes": busy, "scheduling": after["east->west"].get("scheduling", "?")}
+    scheduling = after["east->west"].get("scheduling", "?") if part == "delay-line" else ping.get("scheduling", "?")
+    row = {"busy processes": busy, "scheduling": scheduling}
     for key in ("east->west", "west->east"):
         late = lateness_summary(lateness_delta(before.get(key, {}), after[key]))
         row[f"{key} late p50 ms"], row[f"{key} late p99 ms"] = late["p50_ms"], late["p99_ms"]
@@ -72,6 +81,8 @@ def one(mode: str, busy: int, seconds: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=sorted(PARTS), default="delay-line")
+    parser.add_argument("--hog", choices=sorted(HOGS), default="python")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--busy", default=f"0,{2 * (os.cpu_count() or 1)}")
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -80,12 +91,13 @@ def main() -> None:
     for rep in range(args.reps):
         for busy in [int(b) for b in args.busy.split(",")]:
             for mode in ("other", "fifo") if rep % 2 == 0 else ("fifo", "other"):
-                rows.append(one(mode, busy, args.seconds))
+                rows.append(one(args.part, mode, busy, args.hog, args.seconds))
                 print(f"rep {rep}: {json.dumps(rows[-1])}", file=sys.stderr)
     frame = pd.DataFrame(rows)
     table = frame.groupby(["busy processes", "scheduling"]).median(numeric_only=True).reset_index()
     table.insert(2, "reps", frame.groupby(["busy processes", "scheduling"]).size().values)
-    print(f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, medians over repetitions")
+    print(f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, scheduling of the {args.part}, {args.hog} busy "
+          "processes, medians over repetitions")
     print(table.to_markdown(index=False, floatfmt=".3g"))
 
 

@@ -5,12 +5,18 @@
 - rtt:   UDP pings with sequence numbers; prints every round-trip time and how many were lost.
 - send:  one TCP flow for N seconds; prints the sink's measurement.
 Only the standard library, so it starts fast in any namespace.
+
+The pinger and the echo's thread run SCHED_FIFO (below the delay line's priority) unless $TESTBED_PROBE_RT is 0:
+a round trip then times the network, not how long a machine whose cores are busy takes to wake two processes
+(eight busy torch processes on two cores added 1-2 ms to the median here; bench/probe_priority.py). The TCP
+flow and its sink stay ordinary processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import struct
 import sys
@@ -19,9 +25,22 @@ import time
 
 PING = struct.Struct("!QQ")  # sequence, send time in ns
 CHUNK = 256 * 1024
+RT_ENV, RT_PRIORITY = "TESTBED_PROBE_RT", 5  # the delay line's worker runs at 10: it must not wait for a probe
+
+
+def realtime() -> str:
+    """SCHED_FIFO for the calling thread unless $TESTBED_PROBE_RT is 0; what it runs as ('fifo' or 'other')."""
+    if os.environ.get(RT_ENV, "1") == "0":
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+    except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): as before
+        return "other"
+    return "fifo"
 
 
 def _udp_echo(sock: socket.socket) -> None:
+    realtime()  # this thread only: the TCP sink's threads stay ordinary
     while True:
         data, peer = sock.recvfrom(2048)
         sock.sendto(data, peer)
@@ -70,6 +89,7 @@ def serve(port: int, warmup: float) -> None:
 
 
 def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> dict:
+    scheduling = realtime()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.connect((target, port))
     sent: dict[int, int] = {}
@@ -101,7 +121,8 @@ def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> 
         if number in sent and number not in received and stamp == sent[number]:
             received.add(number)
             rtts.append((arrival - stamp) / 1e9)
-    return {"sent": count, "received": len(received), "rtts": rtts, "lost": sorted(set(range(count)) - received)}
+    return {"sent": count, "received": len(received), "rtts": rtts, "lost": sorted(set(range(count)) - received),
+            "scheduling": scheduling}
 
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)

@@ -39,6 +39,7 @@ class PairProbe:
     rtt_p99_ms: float | None
     rtt_p50_error_ms: float | None
     pings: int
+    ping_scheduling: str  # the pinger's: fifo, or other (a busy machine's wake-ups then count)
     ping_loss: float | None
     loss_configured: float
     rate_configured_mbps: float | None
@@ -127,7 +128,8 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
         rtt_configured_ms=configured * 1e3, rtt_applied_ms=applied_rtt * 1e3,
         rtt_p50_ms=p50, rtt_p99_ms=_percentile(rtts, 0.99) * 1e3 if rtts else None,
         rtt_p50_error_ms=(p50 - applied_rtt * 1e3) if p50 is not None else None,
-        pings=ping["sent"], ping_loss=1 - ping["received"] / ping["sent"], loss_configured=1 - keep,
+        pings=ping["sent"], ping_scheduling=ping.get("scheduling", "other"),
+        ping_loss=1 - ping["received"] / ping["sent"], loss_configured=1 - keep,
         rate_configured_mbps=rate / 1e6 if rate else None,
         goodput_expected_mbps=expected / 1e6 if expected else None, goodput_mbps=goodput / 1e6,
         goodput_error=(goodput - expected) / expected if expected else None,

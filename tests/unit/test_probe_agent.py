@@ -1,0 +1,51 @@
+"""The probe's pinger and echo run SCHED_FIFO (below the delay line), so that a round trip times the network
+and not how long a busy machine takes to wake them; its TCP flow does not (bench/delay_line_priority.py --part
+probe measures what this buys)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.agents import probe
+from testbed.agents.delayline.worker import RT_PRIORITY as DELAY_LINE_PRIORITY
+
+pytestmark = pytest.mark.root  # SCHED_FIFO needs CAP_SYS_NICE
+
+
+def _policies(pid: int) -> dict[int, int]:
+    """Every thread of `pid`: its scheduling policy."""
+    return {int(tid.name): os.sched_getscheduler(int(tid.name)) for tid in Path(f"/proc/{pid}/task").iterdir()}
+
+
+def _agent(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", probe.__name__, *args], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(("switch", "expected"), [("1", "fifo"), ("0", "other")])
+def test_the_pinger_and_the_echo_thread_run_fifo_unless_switched_off(switch, expected):
+    server = _agent("serve", "--port", "5391", env={probe.RT_ENV: switch})
+    try:
+        assert "ready" in server.stdout.readline()
+        pinger = _agent("rtt", "127.0.0.1", "--port", "5391", "--count", "20", "--interval", "0.005",
+                        env={probe.RT_ENV: switch})
+        result = json.loads(pinger.communicate(timeout=60)[0])
+        policies = _policies(server.pid)
+    finally:
+        server.kill()
+        server.wait()
+    assert result["received"] == 20 and result["scheduling"] == expected, result
+    fifo = [tid for tid, policy in policies.items() if policy == os.SCHED_FIFO]
+    assert len(fifo) == (1 if expected == "fifo" else 0), policies  # the echo's thread only
+    assert policies[server.pid] == os.SCHED_OTHER  # the main thread, which starts the TCP sink's threads
+
+
+def test_the_probe_ranks_below_the_delay_line():
+    """A FIFO pinger that kept the delay line's worker waiting would delay the packets it times."""
+    assert 0 < probe.RT_PRIORITY < DELAY_LINE_PRIORITY
