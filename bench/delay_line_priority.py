@@ -3,11 +3,12 @@
 A pair of DCs (10 ms one way, 1 Gbit/s); per repetition and scheduling mode (normal vs SCHED_FIFO, alternating)
 of the part under test (--part delay-line, or probe: the other keeps its default, SCHED_FIFO): bring the link
 up, start N busy processes (none, or more than this machine's cores; --hog python: a busy loop, torch: a
-matrix product on torch's threads, as ranks are), run pings and a TCP flow paced at 200 Mbit/s across it for a
+matrix product on torch's threads, as ranks are; disk: writing 512 MB files, beside the delay line's own files,
+over and over), run pings and a TCP flow paced at 200 Mbit/s across it for a
 few seconds, and read the delay line's lateness figures (how late it released each packet against its due time:
 its own error) and the probe's RTT error (endpoints included). Medians over repetitions.
 
-Usage: .venv/bin/python bench/delay_line_priority.py [--part delay-line|probe] [--hog python|torch] [--reps 3]
+Usage: .venv/bin/python bench/delay_line_priority.py [--part delay-line|probe] [--hog python|torch|disk] [--reps 3]
        [--busy 0,4] [--seconds 5]   (root)
 """
 
@@ -26,12 +27,17 @@ from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.agents.delayline.worker import RT_ENV
 from testbed.agents.probe import RT_ENV as PROBE_RT_ENV
 from testbed.fabric.lifecycle import bring_up, tear_down
+from testbed.fabric.state import state_dir
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-prio-"
 PORT = 5201
 PARTS = {"delay-line": RT_ENV, "probe": PROBE_RT_ENV}  # the part under test: its scheduling switch
+DISK_HOG = "tb-prio-disk-"  # the disk hog's files, in the state directory's parent (removed after)
 HOGS = {"python": "while True: pass",
+        "disk": f"import os, sys\npath = os.path.join(sys.argv[1], '{DISK_HOG}' + str(os.getpid()))\n"
+                "while True:\n    with open(path, 'wb') as f:\n        for _ in range(512): f.write(bytes(1 << 20))\n"
+                "    os.remove(path)",
         "torch": "import torch\na = torch.randn(512, 512)\nwhile True: a @ a"}
 
 
@@ -44,7 +50,8 @@ def one(part: str, mode: str, busy: int, hog: str, seconds: float) -> dict:
         os.environ[switch] = "0" if name == part and mode == "other" else "1"
     topology = topology_from_data({"name": "prio", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                    "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "1gbit"}]})
-    hogs = [subprocess.Popen([sys.executable, "-c", HOGS[hog]]) for _ in range(busy)]
+    disk = state_dir().parent  # the delay line's files are in state_dir()
+    hogs = [subprocess.Popen([sys.executable, "-c", HOGS[hog], str(disk)]) for _ in range(busy)]
     testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay")
     dst = testbed.plan.node("west-0").address
     server = testbed.fabric.popen("west-0", agent("serve", "--port", str(PORT)), stdout=subprocess.PIPE, text=True)
@@ -63,9 +70,11 @@ def one(part: str, mode: str, busy: int, hog: str, seconds: float) -> dict:
     finally:
         server.kill()
         server.wait()
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+        for process in hogs:
+            process.kill()
+            process.wait()
+        for path in disk.glob(f"{DISK_HOG}*"):
+            path.unlink()
         tear_down(PREFIX)
     scheduling = after["east->west"].get("scheduling", "?") if part == "delay-line" else ping.get("scheduling", "?")
     row = {"busy processes": busy, "scheduling": scheduling}
