@@ -94,12 +94,14 @@ def late_bound_ms(delay_ms: float) -> float:
 
 
 def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:
-    """Per delayed direction: how late the delay line released this cell's packets against their due times."""
+    """Per delayed direction: how late the delay line released this cell's packets against their due times, and
+    how its worker was scheduled (fifo, or other: where the machine refused real-time priority)."""
     out = {}
     for key, figures in sorted(after.items()):
         summary = lateness_summary(lateness_delta(before.get(key, {}), figures))
         delay_ms = testbed.plan.link_end(key).shaping.params.latency * 1e3
-        out[key] = {**summary, "delay_ms": delay_ms, "bound_ms": late_bound_ms(delay_ms),
+        out[key] = {**summary, "scheduling": figures.get("scheduling"), "delay_ms": delay_ms,
+                    "bound_ms": late_bound_ms(delay_ms),
                     "late": summary["p99_ms"] is not None and summary["p99_ms"] > late_bound_ms(delay_ms)}
     return out
 

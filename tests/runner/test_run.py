@@ -88,6 +88,7 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
         result = json.loads(next((run_dir / "cells").glob("flat-dp__latency-east-west=5ms*/result.json")).read_text())
         late = result["delay_line"]["east->west"]
         assert late["packets"] > 100 and late["delay_ms"] == 5.0 and late["bound_ms"] == 1.0
+        assert late["scheduling"] == "fifo"  # root here: the worker got real-time priority
         assert "## Emulator lateness" in (run_dir / "report.md").read_text()
     assert manifest["shaper"] in ("netem", "userspace-delay") and manifest["links"]["east->west"]["mechanism"]
     assert manifest["versions"]["torch"].startswith("2.") and manifest["experiment_sha256"]
