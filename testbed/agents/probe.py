@@ -8,8 +8,8 @@ Only the standard library, so it starts fast in any namespace.
 
 The pinger and the echo's thread run SCHED_FIFO (below the delay line's priority) unless $TESTBED_PROBE_RT is 0:
 a round trip then times the network, not how long a machine whose cores are busy takes to wake two processes
-(eight busy torch processes on two cores added 1-2 ms to the median here; bench/probe_priority.py). The TCP
-flow and its sink stay ordinary processes.
+(eight busy torch processes on two cores added up to 1.4 ms to the median and 10 ms to the p99 here;
+bench/delay_line_priority.py --part probe). The TCP flow and its sink stay ordinary processes.
 """
 
 from __future__ import annotations
