@@ -4,6 +4,7 @@
 - delayline: the userspace delay line (nfqueue) for kernels without netem, and how it is started and steered
 - router: a docker DC router (shapes its links like the netns backend), and what a node container idles in
 - probe: the RTT and goodput agent the probe and the runner's calibration start in nodes
+- realtime: SCHED_FIFO for the agents whose timing is the measurement (the delay line's worker, the probe)
 - tc, kernel: tc trees through pyroute2 and one line for a missing kernel feature (the router applies them in
   its container, the netns backend from the controller)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import struct
 import sys
 import threading
 import time
+
+from testbed.agents.realtime import fifo
 
 PING = struct.Struct("!QQ")  # sequence, send time in ns
 CHUNK = 256 * 1024
@@ -30,13 +31,7 @@ RT_ENV, RT_PRIORITY = "TESTBED_PROBE_RT", 5  # the delay line's worker runs at 1
 
 def realtime() -> str:
     """SCHED_FIFO for the calling thread unless $TESTBED_PROBE_RT is 0; what it runs as ('fifo' or 'other')."""
-    if os.environ.get(RT_ENV, "1") == "0":
-        return "other"
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
-    except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): as before
-        return "other"
-    return "fifo"
+    return fifo(RT_ENV, RT_PRIORITY)
 
 
 def _udp_echo(sock: socket.socket) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from testbed.agents.delayline.files import DelayLineFiles
 from testbed.agents.delayline.nfqueue import NF_DROP, QueueSocket
 from testbed.agents.delayline.release import Direction
+from testbed.agents.realtime import fifo
 from testbed.atomic import write_text
 from testbed.plan.delayline import load_config
 
@@ -30,17 +31,6 @@ MAX_SLEEP = 0.002
 KERNEL_LACKS = 3  # the worker's exit status when the kernel has no nfnetlink_queue (it printed why)
 RT_ENV, RT_PRIORITY = "TESTBED_DELAY_LINE_RT", 10
 STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
-
-
-def _realtime() -> str:
-    """SCHED_FIFO for the worker unless $TESTBED_DELAY_LINE_RT is 0 (the figures say what ran)."""
-    if os.environ.get(RT_ENV, "1") == "0":
-        return "other"
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
-    except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): run as before
-        return "other"
-    return "fifo"
 
 
 class StatsWriter:
@@ -94,7 +84,7 @@ def worker(config_path: str) -> int:
         print(f"delayline: this kernel lacks nfnetlink_queue (NFQUEUE): binding a queue failed "
               f"({error.strerror or error})", flush=True)
         return KERNEL_LACKS
-    sched = _realtime()
+    sched = fifo(RT_ENV, RT_PRIORITY)  # the figures say what ran
     rng = random.Random()
     directions = {item.queue: Direction(item.queue, item.latency, item.jitter, item.loss, rng) for item in work}
     by_key = {item.key: directions[item.queue] for item in work}

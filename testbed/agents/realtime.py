@@ -1,0 +1,17 @@
+"""Real-time priority for the agents whose timing is the measurement (the delay line's worker, the probe's pinger
+and echo): SCHED_FIFO for the calling thread, unless the agent's switch variable is 0. Standard library only."""
+
+from __future__ import annotations
+
+import os
+
+
+def fifo(switch: str, priority: int) -> str:
+    """SCHED_FIFO at `priority` for the calling thread unless $`switch` is 0; what it runs as ('fifo' or 'other')."""
+    if os.environ.get(switch, "1") == "0":
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): run as before
+        return "other"
+    return "fifo"
