@@ -211,3 +211,27 @@ def test_full_garbage_collections_do_not_make_faults_late(faulty, tmp_path):
     assert gc.get_freeze_count() == 0  # handed back to the collector
     assert 0 <= entry["applied_at"] - 0.2 < 0.04 and 0 <= entry["cleared_at"] - 0.5 < 0.04, entry
     del heap
+
+
+def test_a_stuck_record_write_does_not_make_the_next_action_late(faulty, tmp_path):
+    """faults.json is rewritten after every action; each write here takes 0.3 s (a busy ext4 journal took up to
+    0.26 s on this machine). The clear, due 0.1 s after the apply, still comes on time (when the driver wrote the
+    record itself it came ~0.2 s late), and the record on file when stop() returns is the last one."""
+    testbed = lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    faults = [Fault(kind="partition", between=("east", "west"), at="0.2s", duration="0.1s")]
+    record = tmp_path / "faults.json"
+    driver = FaultDriver(testbed, faults, "cell", 1, None, record, None)
+    write = driver._writer._write
+
+    def slow(path, text):
+        time.sleep(0.3)
+        write(path, text)
+
+    driver._writer._write = slow
+    driver.start()  # its full collection took 0.45 s after the test above's heap: the clock starts after it
+    driver.zero = time.time() + 0.1
+    driver.wait(5)
+    (entry,) = driver.stop()["faults"]
+    assert 0 <= entry["applied_at"] - 0.2 < 0.04 and 0 <= entry["cleared_at"] - 0.3 < 0.04, entry
+    (on_file,) = json.loads(record.read_text())["faults"]
+    assert on_file["cleared_at"] == entry["cleared_at"]

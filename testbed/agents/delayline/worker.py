@@ -13,16 +13,13 @@ import os
 import random
 import select
 import signal
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 from testbed.agents.delayline.files import DelayLineFiles
 from testbed.agents.delayline.nfqueue import NF_DROP, QueueSocket
 from testbed.agents.delayline.release import Direction
 from testbed.agents.realtime import fifo
-from testbed.atomic import write_text
+from testbed.atomic import LatestWriter
 from testbed.plan.delayline import load_config
 
 EARLY_WAKE = 40e-6  # wake this much before the head is due
@@ -31,36 +28,6 @@ MAX_SLEEP = 0.002
 KERNEL_LACKS = 3  # the worker's exit status when the kernel has no nfnetlink_queue (it printed why)
 RT_ENV, RT_PRIORITY = "TESTBED_DELAY_LINE_RT", 10
 STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
-
-
-class StatsWriter:
-    """Writes the latest figures to the stats file from a thread of its own, so that the release loop never
-    waits for the file system: on this machine's ext4 (where /run, /tmp and a host's workdir live) one small
-    atomic write takes 0.9 ms at p99 on a quiet disk but 171 ms (max 255) while another process writes to it,
-    and the packets due meanwhile waited with it (a cell's delay line was late by 95 ms at most, its probe's
-    p99 194 ms on a 40 ms round trip). A newer text replaces one not yet written."""
-
-    def __init__(self, path: Path, write: Callable[[Path, str], None] = write_text) -> None:
-        self.path, self._write = path, write
-        self._pending: str | None = None
-        self._ready = threading.Condition()
-        threading.Thread(target=self._run, name="stats", daemon=True).start()
-
-    def submit(self, text: str) -> None:
-        with self._ready:
-            self._pending = text
-            self._ready.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while self._pending is None:
-                    self._ready.wait()
-                text, self._pending = self._pending, None
-            try:
-                self._write(self.path, text)
-            except OSError:  # its directory going away at teardown: the next figures try again
-                pass
 
 
 def _stats_text(by_key: dict[str, Direction], sched: str) -> str:
@@ -94,7 +61,9 @@ def worker(config_path: str) -> int:
     print(json.dumps({"worker": os.getpid(), "bound": sorted(directions), "scheduling": sched}), flush=True)
     os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
     next_stats, written = time.monotonic() + STATS_EVERY, -1
-    stats = StatsWriter(files.stats)
+    # the release loop never waits for the file system: when it wrote the stats itself, a busy disk held the packets
+    # due meanwhile (a cell's delay line was late by 95 ms at most, its probe's p99 194 ms on a 40 ms round trip)
+    stats = LatestWriter(files.stats, name="stats")
     while True:
         if flags["reload"]:
             flags["reload"] = False
