@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,11 +43,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     fail_if_ci_must_run(item)
 
 
+def memory_base(fallback: Path) -> Path:
+    """A fresh directory to hold a test's state directory where testbed keeps its own (runtime_root(): /run or
+    /dev/shm, in memory), so that the fault and delay-line writes of a test wait for no disk, as a run's do;
+    `fallback` (a test's tmp_path, on /tmp) where no in-memory root is writable (not root). Remove it after."""
+    from testbed.fabric.state import MEMORY_FILESYSTEMS, mount_type, runtime_root
+
+    root = runtime_root()
+    if mount_type(str(root)) in MEMORY_FILESYSTEMS and os.access(root, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix="testbed-test-", dir=root))
+    return fallback
+
+
 @pytest.fixture
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "state"
-    monkeypatch.setenv("TESTBED_STATE_DIR", str(path))
-    return path
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """TESTBED_STATE_DIR for one test, not created yet (bad input must leave it so)."""
+    base = memory_base(tmp_path)
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(base / "state"))
+    yield base / "state"
+    if base != tmp_path:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -78,14 +95,18 @@ def netns_quickstart(tmp_path_factory: pytest.TempPathFactory) -> QuickstartRun:
 
     base = tmp_path_factory.mktemp("netns-quickstart")
     value = f"tb-{uuid.uuid4().hex[:4]}-"
+    memory = memory_base(base)
+    state = memory / "state"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TESTBED_PREFIX", value)
-        env.setenv("TESTBED_STATE_DIR", str(base / "state"))
+        env.setenv("TESTBED_STATE_DIR", str(state))
         try:
             proc = run_cli("run", "experiments/quickstart.yaml", "--only", QUICKSTART_CELL, "--out", str(base / "out"),
                            timeout=900)
         finally:
             tear_down(value)
+            if memory != base:
+                shutil.rmtree(memory, ignore_errors=True)
     runs = sorted((base / "out" / "quickstart").glob("*"))
     return QuickstartRun(proc, runs[0] if len(runs) == 1 else None)
 

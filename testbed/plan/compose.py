@@ -38,6 +38,8 @@ def _service(plan: ContainersPlan, spec: ContainerSpec) -> dict[str, Any]:
         service["environment"] = dict(spec.environment)
     if spec.extra_hosts:
         service["extra_hosts"] = [f"{name}={address}" for name, address in spec.extra_hosts]
+    if spec.tmpfs:
+        service["tmpfs"] = list(spec.tmpfs)
     if spec.healthcheck:
         service["healthcheck"] = {"test": list(spec.healthcheck), "interval": "500ms", "timeout": "5s",
                                   "retries": 120}

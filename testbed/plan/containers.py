@@ -34,7 +34,9 @@ LABEL_ROLE, LABEL_NODE, LABEL_DC = "testbed.role", "testbed.node", "testbed.dc"
 DEFAULT_IMAGE = "testbed:latest"
 ROUTER_COMMAND = ("python", "-m", "testbed.agents.router")  # + serve (a DC router) | idle (a node)
 ROUTER_ENV = "TESTBED_ROUTER"  # the router's configuration, RouterConfig as JSON
-ROUTER_READY = "/run/testbed/router.ready"
+ROUTER_STATE_DIR = "/run/testbed"  # in memory (tmpfs): a fault's new delay-line configuration is written there
+# while the cell runs, and a container's /run is on the docker host's disk, where one write can wait 0.26 s
+ROUTER_READY = f"{ROUTER_STATE_DIR}/router.ready"
 NETWORK_OPTIONS = {
     "com.docker.network.bridge.inhibit_ipv4": "true",  # the host gets no address: it never routes for us
     "com.docker.network.bridge.enable_ip_masquerade": "false",
@@ -70,6 +72,7 @@ class ContainerSpec:
     environment: dict[str, str] = field(default_factory=dict)
     extra_hosts: tuple[tuple[str, str], ...] = ()  # (name, address): the other nodes, IPv4 and IPv4-mapped IPv6
     healthcheck: tuple[str, ...] = ()
+    tmpfs: tuple[str, ...] = ()  # directories in memory: a router's state and delay-line files
     router: RouterConfig | None = None  # a router's configuration (also in `environment`, as its process reads it)
 
     def labels(self, prefix: str) -> dict[str, str]:
@@ -210,8 +213,8 @@ def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str 
             f"{dc.name}-gw", "router", dc.name,
             (Attachment(lan_name, str(router_address)), *link_attachments[dc.name]),
             (*ROUTER_COMMAND, "serve"), dict(ROUTER_SYSCTLS), ("NET_ADMIN",),
-            {ROUTER_ENV: config.to_json(), "TESTBED_STATE_DIR": "/run/testbed"},
-            healthcheck=("CMD", "test", "-f", ROUTER_READY), router=config))
+            {ROUTER_ENV: config.to_json(), "TESTBED_STATE_DIR": ROUTER_STATE_DIR},
+            healthcheck=("CMD", "test", "-f", ROUTER_READY), tmpfs=(ROUTER_STATE_DIR,), router=config))
     return ContainersPlan(topology.name, prefix, shaper, tuple(lans + link_nets), tuple(containers))
 
 

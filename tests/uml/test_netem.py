@@ -307,7 +307,7 @@ def test_kernel_counters_move_with_traffic(three_dc):
     assert after["west->north"].qdisc_drops == before["west->north"].qdisc_drops
 
 
-def test_down_and_clean_after_sigkill_leave_no_namespace_or_qdisc(prefix, tmp_path):
+def test_down_and_clean_after_sigkill_leave_no_namespace_or_qdisc(prefix, state_dir, tmp_path):
     path = tmp_path / "three.yaml"
     path.write_text(THREE_DC)
     qdiscs_before = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
@@ -328,7 +328,7 @@ def test_down_and_clean_after_sigkill_leave_no_namespace_or_qdisc(prefix, tmp_pa
     assert clean.returncode == 0, clean.stderr
     assert namespaces_with(prefix) == []
     assert subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout == qdiscs_before
-    assert not list((tmp_path / "state").glob("*"))  # no state file, no delay-line file
+    assert not list(state_dir.glob("*"))  # no state file, no delay-line file
 
 
 def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_path):

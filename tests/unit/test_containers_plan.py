@@ -37,6 +37,9 @@ def test_nodes_keep_the_netns_addresses_and_have_no_capabilities():
     assert all(not c.cap_add and len(c.attachments) == 1 for c in nodes)
     assert {c.service for c in plan.routers()} == {"east-gw", "west-gw"}
     assert all(c.cap_add == ("NET_ADMIN",) and c.sysctls["net.ipv4.ip_forward"] == "1" for c in plan.routers())
+    # a router's state and delay-line files are in memory: faults rewrite them while a cell runs
+    assert all(c.tmpfs == ("/run/testbed",) and c.environment["TESTBED_STATE_DIR"] == "/run/testbed"
+               for c in plan.routers()) and not any(c.tmpfs for c in nodes)
     # every node can name every other node, also as the IPv4-mapped address gloo's store sees
     east0 = nodes[0]
     assert ("west-1", "198.18.1.3") in east0.extra_hosts and ("west-1", "::ffff:198.18.1.3") in east0.extra_hosts

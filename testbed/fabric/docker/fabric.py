@@ -145,7 +145,8 @@ class DockerFabric(Fabric):
             labels=spec.labels(plan.prefix), environment={**spec.environment, "PYTHONPATH": LIVE_CODE},
             cap_add=list(spec.cap_add) or None, sysctls=spec.sysctls,
             extra_hosts=[f"{name}:{address}" for name, address in spec.extra_hosts] or None,
-            healthcheck=healthcheck, network=first.network, detach=True,
+            healthcheck=healthcheck, tmpfs=dict.fromkeys(spec.tmpfs, "") or None, network=first.network,
+            detach=True,
             networking_config={first.network: self.client.api.create_endpoint_config(ipv4_address=first.address)})
         for attachment in rest:
             networks[attachment.network].connect(container, ipv4_address=attachment.address)
