@@ -56,6 +56,9 @@ class ComputeProfile:
     seconds: float  # forward+backward of one micro-batch of the whole model, every rank computing at once
     # (the slowest rank's: compute_profiles)
     concurrent_ranks: int
+    # each optimizer's step over the whole model straight after it ("adamw", "sgd"; the slowest rank's); none in
+    # calibrations from before 2026-11-27
+    optimizer_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +81,13 @@ class Calibration:
         if same:  # compute grows with the samples of a micro-batch: scale the nearest profile
             nearest = min(same, key=lambda p: abs(p.micro_batch - micro_batch))
             return nearest.seconds * micro_batch / nearest.micro_batch
+        return None
+
+    def optimizer_seconds(self, preset: str, seq_len: int, optimizer: str) -> float | None:
+        """One step of `optimizer` over the whole model (it does not depend on the micro-batch): the profile's."""
+        for profile in self.compute:
+            if (profile.preset, profile.seq_len) == (preset, seq_len) and optimizer in profile.optimizer_seconds:
+                return profile.optimizer_seconds[optimizer]
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,7 +151,8 @@ def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
     """One profile per (preset, micro-batch, sequence length). Where every rank recorded its repetitions (all
     ranks starting each one at one instant), per repetition the slowest rank's time, then the median over the
     repetitions: what gates a synchronous step while the ranks share this machine's cores. Older records (each
-    rank's own median only, ranks not started together): the median over ranks."""
+    rank's own median only, ranks not started together): the median over ranks. Each optimizer's step likewise
+    (per repetition the slowest rank's, the median over them)."""
     by_key: dict[tuple, list[dict]] = {}
     for record in records:
         if record.get("event") == "compute":
@@ -154,8 +165,14 @@ def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
             seconds = statistics.median(max(r[i] for r in reps) for i in range(count))
         else:
             seconds = statistics.median(item["seconds"] for item in items)
+        optimizer = {}
+        for name in sorted({name for item in items for name in item.get("optimizer_reps") or {}}):
+            runs = [item["optimizer_reps"].get(name) or [] for item in items]
+            count = min(len(r) for r in runs)
+            if count:
+                optimizer[name] = statistics.median(max(r[i] for r in runs) for i in range(count))
         out.append(ComputeProfile(preset, micro_batch, seq_len, seconds,
-                                  items[0].get("concurrent_ranks", len(items))))
+                                  items[0].get("concurrent_ranks", len(items)), optimizer))
     return out
 
 

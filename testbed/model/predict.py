@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed.model import shapes
 from testbed.model.calibration import Calibration, load_calibration
-from testbed.model.network import build_network
+from testbed.model.network import Network, build_network
 from testbed.model.strategies import CellModel, Prediction, predict
 from testbed.plan.cells import Cell, plan_cells
 from testbed.spec.experiment import Experiment
@@ -39,6 +39,27 @@ def compute_seconds(opts: Options, calibration: Calibration) -> float:
         raise NoComputeProfile(f"no compute profile for preset {opts.preset} at micro_batch {opts.micro_batch}: "
                                "run `testbed calibrate EXPERIMENT` (it profiles the experiment's model)")
     return seconds
+
+
+def optimizer_share(opts: Options, network: Network) -> float:
+    """The part of the model whose optimizer step one rank runs: a pipeline stage's (one per DC), a shard's
+    (fsdp: over every rank; hsdp: over the first DC's ranks), else all of it."""
+    if opts.strategy == "pp":
+        return 1 / max(1, len(network.sizes))
+    if opts.strategy == "fsdp":
+        return 1 / max(1, network.world)
+    if opts.strategy == "hsdp":
+        return 1 / max(1, network.sizes[0])
+    return 1.0
+
+
+def step_overhead_seconds(opts: Options, network: Network, calibration: Calibration) -> float:
+    """A step's local time besides compute and communication, before running: the calibration's optimizer step
+    (its profile of this model) for the rank's part of the model; 0 for synthetic compute or without one."""
+    if opts.synthetic:
+        return 0.0
+    seconds = calibration.optimizer_seconds(opts.preset, shapes.config(opts).seq_len, opts.optimizer)
+    return 0.0 if seconds is None else seconds * optimizer_share(opts, network)
 
 
 def link_rtt(links: Mapping[str, Mapping[str, Any]]) -> float:
@@ -80,7 +101,8 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     options = {k: v for k, v in data["options"].items() if k in Options.__pydantic_fields__}
     opts = Options(**options)
     network = build_network(topology, data["links"], ranks_per_node, rtts)
-    compute, overhead = (local if local and not opts.synthetic else (compute_seconds(opts, calibration), 0.0))
+    compute, overhead = (local if local and not opts.synthetic
+                         else (compute_seconds(opts, calibration), step_overhead_seconds(opts, network, calibration)))
     model = CellModel(opts, network, calibration.transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
     if local and warm_wall and not opts.synthetic:
         model = warmup_overhead(model, warm_wall)

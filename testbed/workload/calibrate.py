@@ -3,8 +3,8 @@
 What the cost model (testbed.model) needs measured rather than assumed: how long this transport's collectives
 and point-to-point transfers take over the real links, at a few sizes, after an idle gap (as between training
 steps: TCP restarts its window after an idle period) and again straight after (warm); and how long one
-micro-batch's forward and backward take while every rank computes at once. Every rank starts a measured
-operation at one agreed instant. One JSON line per rank and measurement goes to
+micro-batch's forward and backward take while every rank computes at once, and each optimizer's step after it.
+Every rank starts a measured operation at one agreed instant. One JSON line per rank and measurement goes to
 $TESTBED_METRICS_DIR/calib<r>.jsonl; times are CLOCK_MONOTONIC (shared by every namespace of one host), so the
 fit can take an operation from its start to the moment the last rank left, and the gaps between operations
 (which decide TCP's idle restarts) from the records.
@@ -169,24 +169,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset:
         import dataclasses
 
-        from testbed.workload.compute import compute_step
+        from testbed.workload.compute import compute_step, optimizer_steps
         from testbed.workload.model import PRESETS
 
         cfg = PRESETS[args.preset]
         if args.seq_len:
             cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
         step = compute_step(cfg, args.micro_batch)
+        optimizers = optimizer_steps(step.parameters)
         step()  # the first pass allocates and starts autograd's threads: not what a training step costs
+        for optimizer_step in optimizers.values():
+            optimizer_step()  # and the optimizers' state: the memory a training step works beside
         starts, seconds = [], []
+        optimizer_reps: dict[str, list[float]] = {name: [] for name in optimizers}
         for _ in range(args.compute_reps):  # every rank computes at once, as in a step: they share the cores
             dist.barrier()
             _, start = _aligned_start(dist, layout.rank, margin)
             step()
             starts.append(start)
             seconds.append(time.monotonic() - start)
+            for name, optimizer_step in optimizers.items():  # straight after, as a step's optimizer runs
+                begin = time.monotonic()
+                optimizer_step()
+                optimizer_reps[name].append(time.monotonic() - begin)
         record(event="compute", preset=args.preset, micro_batch=args.micro_batch, seq_len=cfg.seq_len,
                seconds=sorted(seconds)[len(seconds) // 2], reps=seconds, starts=starts,
-               concurrent_ranks=layout.world)
+               concurrent_ranks=layout.world, optimizer_reps=optimizer_reps)
     dist.barrier()
     out.close()
     dist.destroy_process_group()

@@ -37,7 +37,7 @@ from testbed.model.collectives import (
     transfer,
 )
 from testbed.model.network import build_network
-from testbed.model.predict import predict_cell, warmup_overhead
+from testbed.model.predict import predict_cell, step_overhead_seconds, warmup_overhead
 from testbed.model.strategies import PREDICTORS, CellModel, _all_reduce_bytes, pipeline
 from testbed.model.transport import Connection, Edge, Transport, send_time, tso_units
 from testbed.plan.cells import plan_cells
@@ -396,6 +396,34 @@ def test_compute_profile_is_the_slowest_rank_of_each_repetition_every_rank_compu
     (profile,) = compute_profiles([*records, {"event": "op"}])
     assert (profile.preset, profile.micro_batch, profile.seq_len, profile.concurrent_ranks) == ("tiny", 32, 64, 4)
     assert profile.seconds == pytest.approx(expected)
+
+
+def test_optimizer_profile_is_the_slowest_rank_of_each_repetition_and_plan_adds_a_ranks_share_of_it():
+    """Each optimizer's step is profiled straight after each compute repetition; a step before running then costs
+    the compute and the optimizer's step over the rank's part of the model (a pipeline stage's: one per DC; an
+    HSDP shard's: its DC's ranks), nothing for synthetic compute, nothing where the calibration has no figure."""
+    reps = {0: {"adamw": [0.010, 0.030, 0.020], "sgd": [0.004, 0.004, 0.004]},
+            1: {"adamw": [0.020, 0.010, 0.020], "sgd": [0.002, 0.006, 0.002]}}
+    records = [{**_compute_record(rank, [0.2, 0.2, 0.2]), "optimizer_reps": r} for rank, r in reps.items()]
+    (profile,) = compute_profiles(records)
+    # adamw: per repetition the slowest rank (0.020, 0.030, 0.020), their median 0.020; sgd (0.004, 0.006, 0.004)
+    assert profile.optimizer_seconds == pytest.approx({"adamw": 0.020, "sgd": 0.004})
+    calibration = Calibration(Transport(), [profile])
+    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
+                                   "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
+    network = build_network(topology, {"east->west": {"latency": 0.005}, "west->east": {"latency": 0.005}})
+    base = {"preset": "tiny", "micro_batch": 32, "seq_len": 64}
+    assert step_overhead_seconds(Options(strategy="flat-dp", **base), network, calibration) == pytest.approx(0.020)
+    assert step_overhead_seconds(Options(strategy="flat-dp", optimizer="sgd", **base), network,
+                                 calibration) == pytest.approx(0.004)
+    assert step_overhead_seconds(Options(strategy="pp", **base), network, calibration) == pytest.approx(0.010)
+    assert step_overhead_seconds(Options(strategy="hsdp", **base), network, calibration) == pytest.approx(0.010)
+    assert step_overhead_seconds(Options(strategy="fsdp", **base), network, calibration) == pytest.approx(0.005)
+    assert step_overhead_seconds(Options(strategy="flat-dp", synthetic=True, compute_ms=10, **base), network,
+                                 calibration) == 0.0
+    older = Calibration(Transport(), [dataclasses.replace(profile, optimizer_seconds={})])
+    assert step_overhead_seconds(Options(strategy="flat-dp", **base), network, older) == 0.0
+    assert older.optimizer_seconds("tiny", 64, "adamw") is None
 
 
 def test_fit_on_recorded_measurements_over_a_long_link_explains_each_operation_in_its_order():

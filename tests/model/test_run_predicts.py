@@ -27,6 +27,9 @@ def test_a_run_is_calibrated_and_predicted(netns_quickstart):
     profile = calibration["compute"][0]["seconds"]
     assert profile == pytest.approx(sorted(max(reps) for reps in zip(*(r["reps"] for r in computes)))[
         len(computes[0]["reps"]) // 2])
+    optimizer = calibration["compute"][0]["optimizer_seconds"]  # each optimizer's step after each repetition
+    assert set(optimizer) == {"adamw", "sgd"} and all(0 < seconds < profile for seconds in optimizer.values())
+    assert all(len(r["optimizer_reps"]["adamw"]) == len(r["reps"]) for r in computes)
     rows = list(csv.DictReader(open(run_dir / "summary.csv")))
     assert len(rows) == 1
     for column in ("step_s_predicted", "tokens_per_s_predicted", "inter_dc_bytes_predicted", "step_error"):
