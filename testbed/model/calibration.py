@@ -167,7 +167,7 @@ def compute_profiles(records: Iterable[dict]) -> list[ComputeProfile]:
             seconds = statistics.median(item["seconds"] for item in items)
         optimizer = {}
         for name in sorted({name for item in items for name in item.get("optimizer_reps") or {}}):
-            runs = [item["optimizer_reps"].get(name) or [] for item in items]
+            runs = [(item.get("optimizer_reps") or {}).get(name) or [] for item in items]
             count = min(len(r) for r in runs)
             if count:
                 optimizer[name] = statistics.median(max(r[i] for r in runs) for i in range(count))

@@ -408,6 +408,8 @@ def test_optimizer_profile_is_the_slowest_rank_of_each_repetition_and_plan_adds_
     (profile,) = compute_profiles(records)
     # adamw: per repetition the slowest rank (0.020, 0.030, 0.020), their median 0.020; sgd (0.004, 0.006, 0.004)
     assert profile.optimizer_seconds == pytest.approx({"adamw": 0.020, "sgd": 0.004})
+    (partial,) = compute_profiles([records[0], _compute_record(1, [0.2, 0.2, 0.2])])  # one rank timed none
+    assert partial.optimizer_seconds == {}
     calibration = Calibration(Transport(), [profile])
     topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
                                    "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
