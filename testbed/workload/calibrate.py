@@ -63,6 +63,20 @@ def _aligned_start(dist: Any, rank: int, ahead: float) -> tuple[float, float]:
     return synced, time.monotonic()
 
 
+def optimizer_steps(params: list[Any]) -> dict[str, Any]:
+    """One step of each optimizer a strategy may run (make_optimizer's: adamw, sgd) over `params` as their
+    gradients stand: the calibration times them as a step's local time besides compute."""
+    from types import SimpleNamespace
+
+    from testbed.workload.strategies.base import make_optimizer
+
+    out = {}
+    for name in ("adamw", "sgd"):
+        optimizer = make_optimizer(params, SimpleNamespace(optimizer=name, lr=1e-4))  # type: ignore[arg-type]
+        out[name] = optimizer.step
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.workload.calibrate",
                                      description="Collective and compute micro-benchmarks for the cost model.")
@@ -169,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset:
         import dataclasses
 
-        from testbed.workload.compute import compute_step, optimizer_steps
+        from testbed.workload.compute import compute_step
         from testbed.workload.model import PRESETS
 
         cfg = PRESETS[args.preset]

@@ -30,22 +30,8 @@ def compute_step(cfg: ModelConfig, micro_batch: int, device: torch.device | None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    step.parameters = list(model.parameters())  # type: ignore[attr-defined]  # for optimizer_steps
+    step.parameters = list(model.parameters())  # type: ignore[attr-defined]  # for the calibration's optimizers
     return step
-
-
-def optimizer_steps(params: list[torch.Tensor]) -> dict[str, Callable[[], None]]:
-    """One step of each optimizer a strategy may run (make_optimizer's: adamw, sgd) over `params` as their
-    gradients stand: the calibration times them as a step's local time besides compute."""
-    from types import SimpleNamespace
-
-    from testbed.workload.strategies.base import make_optimizer
-
-    out = {}
-    for name in ("adamw", "sgd"):
-        optimizer = make_optimizer(params, SimpleNamespace(optimizer=name, lr=1e-4))  # type: ignore[arg-type]
-        out[name] = optimizer.step
-    return out
 
 
 def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None,
