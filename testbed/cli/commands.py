@@ -235,7 +235,6 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
         cleared = _guard(testbed.clear_faults)
         out.print(f"[green]cleared[/green] {len(cleared)} faults" + (f" ({', '.join(cleared)})" if cleared else ""))
         return
-    import time
 
     from testbed.runner.faults import FaultDriver
     from testbed.spec.errors import SpecError
@@ -259,7 +258,7 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
 
     cancel.install()  # Ctrl-C and SIGTERM clear the fault before the command ends (SIGKILL: `fault --clear`)
     _guard(testbed.fabric.prepare_link_faults)
-    driver = FaultDriver(testbed, [spec], "by-hand", 0, None, None, zero=time.time())
+    driver = FaultDriver(testbed, [spec], "by-hand", 0, None, None, clock_at_start=True)
     try:
         driver.start()
         driver.wait()

@@ -65,12 +65,14 @@ class FaultDriver:
     def __init__(self, testbed: Testbed, faults: list[Fault], cell_id: str, workload_seed: int,
                  rank0: Path | None, record: Path | None, signal_rank: Signal | None = None,
                  slow_rank: Slow | None = None, zero: float | None = None,
-                 rank_nodes: list[str] | None = None) -> None:
+                 rank_nodes: list[str] | None = None, clock_at_start: bool = False) -> None:
         """`rank0`: rank 0's metrics file, with its step starts, as it is written (here, or a live copy:
         testbed.runner.follow; None: no step anchors, as by hand); `zero`: the clock's zero when it is known now
         (by hand), else rank 0's start of step 0 (on its node's clock: SSH hosts' clocks must agree, as NTP
         keeps them; the host check reports each one's offset); `rank_nodes`: each rank's node (a kill's session
-        there is opened before the clock starts)."""
+        there is opened before the clock starts); `clock_at_start` (by hand, instead of `zero`): the clock starts
+        when the driver's thread is ready to act, so that what start() and the thread prepare (a full garbage
+        collection, a netlink socket: 0.1-0.2 s) does not shorten a fault due at 0 s whose clear stays on time."""
         self.testbed, self.faults, self.record = testbed, faults, record
         # faults.json is rewritten after every action from a thread of its own: on a busy disk one write took up to
         # 0.26 s here, and the next action (a flap's clear, the next fault) waited for it in the driver's thread
@@ -84,6 +86,7 @@ class FaultDriver:
              "seed": fault_seed(workload_seed, cell_id, i), "windows": []} for i, f in enumerate(faults)]
         self.errors: list[str] = []
         self.zero: float | None = zero
+        self.clock_at_start = clock_at_start
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._stragglers: dict[int, tuple[int, Slowing]] = {}  # fault index -> (rank, its loop)
@@ -158,6 +161,8 @@ class FaultDriver:
                 self.testbed.fabric.prepare_link_faults()
             except Exception as error:  # start() prepared them once already: a change would say what is wrong
                 self.errors.append(f"preparing the link faults in the fault thread: {error}")
+        if self.clock_at_start:
+            self.zero = time.time()
         starts: dict[int, float] = {}
         offset = 0
         pending = list(self.actions)
