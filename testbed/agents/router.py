@@ -25,21 +25,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed.atomic import write_text
-from testbed.plan.containers import ROUTER_ENV, ROUTER_READY, RouterConfig
+from testbed.plan.containers import ROUTER_ENV, ROUTER_READY, ROUTER_STATE_DIR, RouterConfig
 from testbed.plan.delayline import DelayDirection
 from testbed.plan.hosts import comment
 from testbed.plan.shaping import plan_shaping
 from testbed.spec.link import LinkParams
 
-ROUTER_STATE = Path("/run/testbed/router.json")
+ROUTER_STATE = Path(ROUTER_STATE_DIR) / "router.json"
 DELAY_LINE = "router"  # names the delay line's files
 # `serve` reads requests here, one JSON line each: {"reply": FIFO, "shape": [[KEY, PARAMS], ...]}; it answers
 # "ok" or "error: ..." into the reply FIFO (made by the requester). A `docker exec` of a shell costs ~65 ms here,
 # one of this agent's Python with its imports ~0.4 s: that decides how soon a fault is in force.
-CONTROL = Path("/run/testbed/router.control")
+CONTROL = Path(ROUTER_STATE_DIR) / "router.control"
 CONTROL_SCRIPT = (  # what the harness execs in the container: sh -c CONTROL_SCRIPT sh PAIRS_JSON
     # the reply FIFO is open (fd 3, read-write) before the request goes out, so the router can always answer
-    'r=/run/testbed/reply.$$; rm -f "$r"; mkfifo "$r" || exit 90; exec 3<>"$r"; '
+    f'r={ROUTER_STATE_DIR}/reply.$$; rm -f "$r"; mkfifo "$r" || exit 90; exec 3<>"$r"; '
     f'printf \'{{"reply": "%s", "shape": %s}}\\n\' "$r" "$1" > {CONTROL} || exit 91; '
     'answer=$(timeout 30 head -n 1 <&3); rm -f "$r"; echo "$answer"; [ "$answer" = ok ]')
 
@@ -63,7 +63,7 @@ class RouterState:
 
 
 def _delay_dir() -> Path:
-    return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+    return Path(os.environ.get("TESTBED_STATE_DIR", ROUTER_STATE_DIR))
 
 
 def _config() -> RouterConfig:

@@ -73,7 +73,7 @@ class FaultDriver:
         there is opened before the clock starts); `clock_at_start` (by hand, instead of `zero`): the clock starts
         when the driver's thread is ready to act, so that what start() and the thread prepare (a full garbage
         collection, a netlink socket: 0.1-0.2 s) does not shorten a fault due at 0 s whose clear stays on time."""
-        self.testbed, self.faults, self.record = testbed, faults, record
+        self.testbed, self.faults = testbed, faults
         # faults.json is rewritten after every action from a thread of its own: on a busy disk one write took up to
         # 0.26 s here, and the next action (a flap's clear, the next fault) waited for it in the driver's thread
         self._writer = LatestWriter(record, name="faults.json") if record is not None else None
