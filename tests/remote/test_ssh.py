@@ -128,7 +128,14 @@ def test_bad_inventory_is_one_line(tmp_path, state_dir):
 
 
 def test_up_stops_at_the_check_table_when_a_host_lacks_something(hosts):
+    shadow = hosts["dir"] / "no-torch"  # east-0's python finds a torch that cannot be imported
+    shadow.mkdir()
+    (shadow / "torch.py").write_text("raise ImportError('built without torch')\n")
+    wrapper = hosts["dir"] / "python-without-torch"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={shadow} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
     inventory = yaml.safe_load(hosts["inventory"].read_text())
+    inventory["dcs"]["east"][0]["python"] = str(wrapper)
     inventory["dcs"]["west"][0]["python"] = "/nonexistent/python3"
     hosts["inventory"].write_text(yaml.safe_dump(inventory))
     topology = hosts["dir"] / "pair.yaml"
@@ -142,5 +149,7 @@ def test_up_stops_at_the_check_table_when_a_host_lacks_something(hosts):
     assert proc.returncode == 2
     assert "west-0" in out and "missing" in out, err  # the table, with what is missing
     errors = [line for line in err.splitlines() if line.startswith("error")]
-    assert errors == ["error: 1 host(s) not ready: west-0: /nonexistent/python3 not found; torch not importable"]
+    # (torch is not tried without its python: the one cause, not its consequence)
+    assert errors == ["error: 2 host(s) not ready: east-0: torch not importable (ImportError: built without torch); "
+                      "west-0: /nonexistent/python3 not found"]
     assert not list(hosts["dir"].glob("state/tb-ssh-x*.json"))  # nothing was changed, nothing recorded

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.fabric.ssh.connection import Connection, RemoteError
-from testbed.spec.inventory import Inventory
+from testbed.spec.inventory import HostSpec, Inventory
 
-NETEM_PROBE = ("import os, sys\n"  # loaded, built in, or a module the kernel can load on first use
-               "names = [l.split()[0] for l in open('/proc/modules')] if os.path.exists('/proc/modules') else []\n"
-               "ok = os.path.isdir('/sys/module/sch_netem') or 'sch_netem' in names\n"
-               "for name in ('modules.dep', 'modules.builtin'):\n"
-               "    path = '/lib/modules/%s/%s' % (os.uname().release, name)\n"
-               "    ok = ok or (os.path.exists(path) and 'sch_netem.ko' in open(path).read())\n"
-               "sys.stdout.write('yes' if ok else 'no')")
+MAX_PARALLEL_CHECKS = 32  # hosts checked at once (one SSH connection and one python each)
+
+HOST_PROBE = ("import json, os, sys\n"  # one python start per host: its version, torch's, and netem
+              "found = {'python': sys.version.split()[0], 'torch': ''}\n"
+              "try:\n"
+              "    import torch\n"
+              "    found['torch'] = torch.__version__\n"
+              "except Exception as error:\n"
+              "    found['torch_error'] = '%s: %s' % (type(error).__name__, error)\n"
+              "# netem: loaded, built in, or a module the kernel can load on first use\n"
+              "names = [l.split()[0] for l in open('/proc/modules')] if os.path.exists('/proc/modules') else []\n"
+              "ok = os.path.isdir('/sys/module/sch_netem') or 'sch_netem' in names\n"
+              "for name in ('modules.dep', 'modules.builtin'):\n"
+              "    path = '/lib/modules/%s/%s' % (os.uname().release, name)\n"
+              "    ok = ok or (os.path.exists(path) and 'sch_netem.ko' in open(path).read())\n"
+              "found['netem'] = 'yes' if ok else 'no'\n"
+              "sys.stdout.write('\\n' + json.dumps(found))")
 
 
 @dataclass
@@ -61,32 +73,40 @@ def check_host(dc: str, connection: Connection) -> HostCheck:
     host = connection.host
     result = HostCheck(dc, host.name, host.address, True)
     problems = []
-    out = connection.run([host.python, "-c", "import sys; print(sys.version.split()[0])"])
-    result.python = out.stdout.strip() if out.code == 0 else "missing"
-    if out.code != 0:
-        problems.append(f"{host.python} not found")
-    out = connection.run([host.python, "-c", "import torch; print(torch.__version__)"])
-    result.torch = out.stdout.strip() if out.code == 0 else "missing"
-    if out.code != 0:
-        problems.append("torch not importable")
+    out = connection.run([host.python, "-c", HOST_PROBE])
+    try:
+        found = json.loads(out.stdout.strip().splitlines()[-1]) if out.code == 0 else {}
+    except (IndexError, ValueError):
+        found = {}
+    result.python = found.get("python", "missing")
+    result.torch = found.get("torch") or "missing"
+    result.netem = found.get("netem", "unknown")
+    if not found:
+        said = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or [f"exit code {out.code}"]
+        problems.append(f"{host.python} not found" if out.code == 127 else f"{host.python} failed: {said[0]}")
+    elif not found.get("torch"):
+        problems.append(f"torch not importable ({found.get('torch_error', '')})")
     out = connection.run(["tc", "-V"])
     result.tc = out.stdout.strip().split()[-1] if out.code == 0 and out.stdout.strip() else "missing"
     if out.code != 0:
         problems.append("tc (iproute2) missing")
-    out = connection.run([host.python, "-c", NETEM_PROBE])
-    result.netem = out.stdout.strip() or "unknown"
     result.clock_offset_ms = clock_offset_ms(connection)
     result.problems = "; ".join(problems)
     return result
 
 
+def _check_one(dc: str, host: HostSpec, base: Path, known_hosts: Path, accept_new: bool) -> HostCheck:
+    try:
+        with Connection(host, host.key_path(base), known_hosts, accept_new) as connection:
+            return check_host(dc, connection)
+    except RemoteError as error:
+        return HostCheck(dc, host.name, host.address, False, problems=str(error))
+
+
 def check_inventory(inventory: Inventory, base: Path, known_hosts: Path, accept_new: bool) -> list[HostCheck]:
-    """Check every host; an unreachable host is a row with its one-line reason, not an exception."""
-    rows = []
-    for dc, host in inventory.hosts():
-        try:
-            with Connection(host, host.key_path(base), known_hosts, accept_new) as connection:
-                rows.append(check_host(dc, connection))
-        except RemoteError as error:
-            rows.append(HostCheck(dc, host.name, host.address, False, problems=str(error)))
-    return rows
+    """Check every host, all at once (each waits mostly on its own torch import: four hosts one after the other
+    took 12 s here, together 5 s), rows in inventory order; an unreachable host is a row with its one-line
+    reason, not an exception."""
+    hosts = inventory.hosts()
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_CHECKS, len(hosts)))) as pool:
+        return list(pool.map(lambda pair: _check_one(*pair, base, known_hosts, accept_new), hosts))

@@ -31,16 +31,24 @@ class Result:
     stderr: str
 
 
+_known_hosts_lock = threading.Lock()  # connections opened together (hosts checked at once) add to one file
+
+
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown hosts, never changed ones."""
+    """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown hosts, never changed ones. The key is
+    added to the file as it is now (not to the copy this client read when it started: a connection opened
+    beside it may have recorded its own host since)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        client.save_host_keys(str(self.path))
+        with _known_hosts_lock:
+            recorded = paramiko.HostKeys(str(self.path)) if self.path.exists() else paramiko.HostKeys()
+            recorded.add(hostname, key.get_name(), key)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            recorded.save(str(self.path))
 
 
 class Connection:
