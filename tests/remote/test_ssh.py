@@ -153,3 +153,37 @@ def test_up_stops_at_the_check_table_when_a_host_lacks_something(hosts):
     assert errors == ["error: 2 host(s) not ready: east-0: torch not importable (ImportError: built without torch); "
                       "west-0: /nonexistent/python3 not found"]
     assert not list(hosts["dir"].glob("state/tb-ssh-x*.json"))  # nothing was changed, nothing recorded
+
+
+def test_commands_on_one_connection_never_half_close_their_channel(hosts, monkeypatch):
+    """Connection.run, five times on one connection, with paramiko's half-close slowed down where its race lies
+    (paramiko issue 1705: shutdown() marks the EOF sent under the channel's lock and sends it after; if the
+    command ends in between, paramiko's thread sends the CLOSE first, and OpenSSH drops the whole connection on
+    the EOF that follows). A run that half-closed its channel (exec_command's stdin file did) loses the
+    connection here from its first command on."""
+    import time
+
+    import paramiko
+    from pyroute2 import netns
+
+    from testbed.fabric.ssh.connection import Connection
+    from testbed.spec.inventory import load_inventory
+
+    def slow_shutdown(channel: paramiko.Channel, how: int) -> None:
+        with channel.lock:
+            message = channel._send_eof() if how in (1, 2) else None
+        time.sleep(0.2)  # the command ends meanwhile
+        if message is not None:
+            channel.transport._send_user_message(message)
+
+    monkeypatch.setattr(paramiko.Channel, "shutdown", slow_shutdown)
+    host = next(h for _, h in load_inventory(hosts["inventory"]).hosts() if h.name == "west-0")
+    netns.pushns(hosts["testbed"].plan.node("east-0").ns)  # the socket is made where west-0 is reachable
+    try:
+        connection = Connection(host, host.key_path(hosts["dir"]), hosts["known_hosts"])
+    finally:
+        netns.popns()
+    with connection:
+        for index in range(5):
+            assert connection.run(["echo", str(index)]) == Result(0, f"{index}\n", "")
+        assert connection.run(["sh", "-c", "read line || echo no input"]).stdout == "no input\n"  # stdin: /dev/null

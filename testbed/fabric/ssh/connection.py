@@ -98,14 +98,29 @@ class Connection:
         return self._sftp
 
     def run(self, argv: list[str], timeout: float = 60.0, sudo: bool | None = None) -> Result:
-        """Run argv (no shell interpretation of its items); with sudo, as root without a password prompt."""
-        command = shlex.join(argv)
+        """Run argv (no shell interpretation of its items); with sudo, as root without a password prompt.
+
+        Its stdin is /dev/null and our end of the channel is never half-closed. paramiko's exec_command hands
+        back a stdin file whose release sends the channel's EOF; that EOF can go out after the CLOSE paramiko's
+        own thread sends when the command ends (shutdown() sends outside its lock: paramiko issue 1705), and
+        OpenSSH then drops the whole connection ("ieof packet referred to nonexistent channel"): seen here as
+        `down` failing with "SSH: Unable to open channel" while the disk was busy."""
+        command = shlex.join(argv) + " </dev/null"
         if self.host.sudo if sudo is None else sudo:
             command = "sudo -n " + command
-        _, stdout, stderr = self.client.exec_command(command, timeout=timeout)
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        return Result(stdout.channel.recv_exit_status(), out, err)
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {self.host.name}: the SSH connection is closed")
+        channel = transport.open_session(timeout=timeout)
+        try:
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            out = channel.makefile("rb").read().decode(errors="replace")
+            err = channel.makefile_stderr("rb").read().decode(errors="replace")
+            code = channel.recv_exit_status()
+        finally:
+            channel.close()  # EOF and CLOSE together, under the channel's lock
+        return Result(code, out, err)
 
     def open_shell(self) -> None:
         """Start this connection's kept-open `sh` (as root where the host says sudo), which `script` writes
