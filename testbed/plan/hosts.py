@@ -65,6 +65,15 @@ def workdir(host: HostSpec, prefix: str) -> str:
     return f"{host.workdir.rstrip('/')}/{prefix}{host.name}"
 
 
+MEMORY_ROOT = "/dev/shm"  # a tmpfs on nearly every Linux host, writable by every user
+
+
+def memory_dir(host: HostSpec, prefix: str) -> str:
+    """Where the host's delay-line files go when MEMORY_ROOT is a tmpfs there (its workdir otherwise): a live
+    re-shape rewrites its configuration and the worker its figures, and neither may wait on a busy disk."""
+    return f"{MEMORY_ROOT}/{prefix}{host.name}"
+
+
 def match_inventory(topology: Topology, inventory: Inventory, source: str | None = None) -> list[tuple[Node, HostSpec]]:
     """Hosts in topology order: DC by DC, node i of a DC played by the DC's i-th inventory host."""
     names = [dc.name for dc in topology.dcs]

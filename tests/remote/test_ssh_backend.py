@@ -16,6 +16,7 @@ import pytest
 
 from testbed.agents.bootstrap import argv_in
 from testbed.fabric.lifecycle import bring_up
+from testbed.plan.hosts import MEMORY_ROOT
 from testbed.runner.cells import plan_cells
 from testbed.spec.experiment import load_experiment
 from testbed.spec.topology import topology_from_data
@@ -48,7 +49,8 @@ def in_node(hosts: Hosts, node: str, *argv: str) -> str:
 
 
 def host_state(hosts: Hosts, node: str, ssh_prefix: str) -> dict:
-    """What testbed may have changed on a host: root qdisc, our iptables rules, processes in its workdir."""
+    """What testbed may have changed on a host: root qdisc, our iptables rules, processes in its workdir, the
+    workdir and the delay line's files in memory (plan.hosts.memory_dir: /dev/shm is a tmpfs here)."""
     root = json.loads(in_node(hosts, node, "tc", "-j", "qdisc", "show", "dev", "eth0", "root"))[0]
     rules = [line for line in in_node(hosts, node, "iptables", "-w", "-t", "mangle", "-S").splitlines()
              if f"testbed:{ssh_prefix}" in line]
@@ -60,13 +62,16 @@ def host_state(hosts: Hosts, node: str, ssh_prefix: str) -> dict:
                 procs.append(int(pid))
         except OSError:
             pass
-    return {"root": f"{root['kind']} {root['handle']}", "rules": rules, "workdir": workdir.exists(), "procs": procs}
+    memory = sorted(p.name for p in Path(MEMORY_ROOT).glob(f"{ssh_prefix}{node}/*"))
+    return {"root": f"{root['kind']} {root['handle']}", "rules": rules, "workdir": workdir.exists(), "procs": procs,
+            "memory": memory}
 
 
 def assert_restored(hosts: Hosts, ssh_prefix: str, before: dict) -> None:
     for node in [n for nodes in HOSTS.values() for n in nodes]:
         now = host_state(hosts, node, ssh_prefix)
-        assert now == {**before[node], "rules": [], "workdir": False, "procs": []}, node
+        assert now == {**before[node], "rules": [], "workdir": False, "procs": [], "memory": []}, node
+        assert not Path(MEMORY_ROOT, f"{ssh_prefix}{node}").exists(), node
 
 
 def snapshot(hosts: Hosts, ssh_prefix: str) -> dict:
@@ -91,6 +96,10 @@ def test_up_shapes_every_host_and_down_restores_it(lab):
         west = [hosts.testbed.plan.node(n).address for n in HOSTS["west"]]
         assert sorted(rule.split("-s ")[1].split("/")[0] for rule in nfqueue) == sorted(west)  # one rule per source
         assert len(state["procs"]) == 2  # delay-line supervisor and worker
+        # its files in memory, not in the workdir on its disk (the stats come within the worker's first second)
+        files = {f"{node}.delayline.{kind}" for kind in ("json", "log", "status")}
+        assert files <= set(state["memory"]) <= files | {f"{node}.delayline.stats"}, state["memory"]
+        assert not list((hosts.dir / "remote" / f"{ssh_prefix}{node}").glob("*.delayline.*"))
     status = hosts.cli(CONTROLLER, "status", "--json", env=env)
     info = json.loads(status.stdout)
     assert info["backend"] == "ssh" and [n["name"] for n in info["nodes"]] == ["east-0", "east-1", "west-0", "west-1"]

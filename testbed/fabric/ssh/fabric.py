@@ -20,11 +20,12 @@ import io
 import json
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from testbed.agents import forkserver
 from testbed.agents.delayline.control import fresh_stats
@@ -42,7 +43,16 @@ from testbed.fabric.ssh.state import HostRecord, SshState
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import dump_config
-from testbed.plan.hosts import ROOT_HANDLE, HostPlan, HostsPlan, build_hosts_plan, class_commands, comment
+from testbed.plan.hosts import (
+    MEMORY_ROOT,
+    ROOT_HANDLE,
+    HostPlan,
+    HostsPlan,
+    build_hosts_plan,
+    class_commands,
+    comment,
+    memory_dir,
+)
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.spec.inventory import HostSpec, Inventory
 from testbed.spec.link import LinkParams
@@ -82,6 +92,16 @@ for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
 print(len(found))
 """
 DELAY_LINE_GONE = 17  # a re-shape script's exit status when the host's delay line is not there to reload
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def on_each_host(work: Callable[[T], R], items: list[T]) -> list[R]:
+    """work(item) for every item at once, one thread each (each host has its own connection); the results in
+    order. The first failure is raised once every thread has ended (each checks cancel between its steps)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        jobs = [pool.submit(work, item) for item in items]
+        return [job.result() for job in jobs]
 
 
 class SshFabric(Fabric):
@@ -100,6 +120,7 @@ class SshFabric(Fabric):
         self._connections: dict[str, Connection] = {}
         self._outputs: dict[str, set[str]] = {}  # local dir -> hosts that wrote into their copy of it
         self._health: tuple[float, list[str]] | None = None
+        self._state_lock = threading.RLock()  # hosts are changed at once: one record change and save at a time
 
     @property
     def plan(self) -> NetworkPlan | None:
@@ -128,7 +149,8 @@ class SshFabric(Fabric):
 
     def _save(self) -> None:
         assert self.state is not None
-        save_state(self.state)
+        with self._state_lock:
+            save_state(self.state)
 
     # --- bring-up ---------------------------------------------------------------------------------
     def attach(self, plan: HostsPlan, state: FabricState) -> None:
@@ -139,11 +161,14 @@ class SshFabric(Fabric):
         self.hosts_plan, self.state = plan, state
         try:
             archive = source_archive()
-            for item in plan.hosts:
+
+            def prepare_and_shape(item: HostPlan) -> None:
                 cancel.check()
                 self._progress(f"{item.host.name}: shipping code and shaping {item.host.interface}")
                 self._prepare(item, archive)
                 self._shape_host(item)
+
+            on_each_host(prepare_and_shape, plan.hosts)
             if any(item.delay_line for item in plan.hosts):
                 cancel.check()
                 self._start_delay_lines(plan)
@@ -168,9 +193,12 @@ class SshFabric(Fabric):
         if handle != "0:":
             raise RemoteError(f"host {item.host.name}: {dev} has a configured root qdisc ({kind} {handle}); "
                               "testbed will not replace it: remove it or name another interface")
-        self._records()[item.host.name] = HostRecord(item.workdir, dev, f"{kind} {handle}")
-        self._save()
-        connection.check(["mkdir", "-p", f"{item.workdir}/src"], "creating the workdir", sudo=False)
+        memory = self._memory_dir(connection, item)
+        with self._state_lock:
+            self._records()[item.host.name] = HostRecord(item.workdir, dev, f"{kind} {handle}", memory_dir=memory)
+            self._save()
+        connection.check(["mkdir", "-p", f"{item.workdir}/src", *([memory] if memory else [])], "creating the workdir",
+                         sudo=False)
         connection.sftp().putfo(io.BytesIO(archive), f"{item.workdir}/src.tar.gz")
         connection.check([item.host.python, "-c", EXTRACT, f"{item.workdir}/src.tar.gz", f"{item.workdir}/src"],
                          "unpacking testbed", sudo=False)
@@ -179,13 +207,25 @@ class SshFabric(Fabric):
         connection = self.connect(item.host)
         record = self._records()[item.host.name]
         for argv in item.apply:
-            record.changed.append(list(argv))
-            self._save()  # recorded before it runs: a crash mid-way is undone
+            cancel.check()
+            with self._state_lock:
+                record.changed.append(list(argv))
+                self._save()  # recorded before it runs: a crash mid-way is undone
             connection.check(list(argv), shlex.join(argv[:3]))
 
-    @staticmethod
-    def _delay_files(item: HostPlan) -> DelayLineFiles:
-        return DelayLineFiles.named(Path(item.workdir), item.host.name)
+    def _memory_dir(self, connection: Connection, item: HostPlan) -> str:
+        """plan.hosts.memory_dir where the host's MEMORY_ROOT is a tmpfs (or ramfs), else "" (the workdir)."""
+        if not item.delay_line:
+            return ""
+        kind = connection.run(["stat", "-f", "-c", "%T", MEMORY_ROOT], sudo=False)
+        return memory_dir(item.host, self.prefix) if kind.code == 0 and kind.stdout.strip() in ("tmpfs", "ramfs") \
+            else ""
+
+    def _delay_files(self, item: HostPlan) -> DelayLineFiles:
+        """The host's delay-line files: in its memory directory where it has one (recorded), else its workdir."""
+        record = self._records().get(item.host.name)
+        return DelayLineFiles.named(Path(record.memory_dir if record and record.memory_dir else item.workdir),
+                                    item.host.name)
 
     def _write_delay_config(self, item: HostPlan) -> None:
         config = str(self._delay_files(item).config)
@@ -264,14 +304,16 @@ class SshFabric(Fabric):
         """Undo every recorded change on every host; hosts that cannot be reached are named in one line."""
         plan = self._require()
         recorded = self._records()
-        failed: list[str] = []
-        for item in plan.hosts:
-            if self.state is not None and item.host.name not in recorded:
-                continue  # never touched
+
+        def undo(item: HostPlan) -> str | None:
             try:
                 self._undo(item)
             except RemoteError as error:
-                failed.append(str(error))
+                return str(error)
+            return None
+
+        touched = [item for item in plan.hosts if self.state is None or item.host.name in recorded]  # others: never
+        failed = [error for error in on_each_host(undo, touched) if error is not None]
         self.close()
         if failed:
             raise FabricError("could not restore every host (the state file is kept; run `testbed clean` again): "
@@ -287,11 +329,14 @@ class SshFabric(Fabric):
                                            f"reading the qdisc of {dev}") or "[]")
         if root and root[0].get("handle") == ROOT_HANDLE:
             connection.check(["tc", "qdisc", "del", "dev", dev, "root", "handle", ROOT_HANDLE], "removing the qdisc")
-        if self.prefix in item.workdir:  # never remove a directory we did not name
-            connection.check(["rm", "-rf", "--", item.workdir], "removing the workdir")
+        record = self._records().get(host.name)
+        ours = [d for d in (item.workdir, record.memory_dir if record else "") if d and self.prefix in d]
+        if ours:  # never remove a directory we did not name
+            connection.check(["rm", "-rf", "--", *ours], "removing the workdir")
         if self.state is not None:
-            self._records().pop(host.name, None)
-            self._save()
+            with self._state_lock:
+                self._records().pop(host.name, None)
+                self._save()
 
     def _our_rules(self, connection: Connection, counters: bool = False,
                    required: bool = True) -> list[tuple[list[str], str]]:
@@ -387,9 +432,7 @@ class SshFabric(Fabric):
         straggler's loop is started from it)."""
         plan = self._require()
         hosts = {plan.host(node).host.name: plan.host(node).host for node in nodes}
-        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-            for job in [pool.submit(lambda host: self.connect(host).open_shell(), host) for host in hosts.values()]:
-                job.result()
+        on_each_host(lambda host: self.connect(host).open_shell(), list(hosts.values()))
 
     def node_script(self, node: str, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
         """Run shell `lines` in the kept-open shell of the host playing `node` (no new SSH session)."""
@@ -404,10 +447,7 @@ class SshFabric(Fabric):
         """Connect to every host in parallel and open its kept-open shell: an SSH handshake and a new session
         are most of a first change (which needs no SFTP: impair_all writes the delay line's configuration in
         the same script)."""
-        items = self._require().hosts
-        with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-            for job in [pool.submit(lambda host: self.connect(host).open_shell(), item.host) for item in items]:
-                job.result()
+        on_each_host(lambda item: self.connect(item.host).open_shell(), self._require().hosts)
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """Change directions live, every host at once (its own connection's kept-open shell): `tc change` of
@@ -444,9 +484,7 @@ class SshFabric(Fabric):
 
         touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
         try:
-            with ThreadPoolExecutor(max_workers=max(1, len(touched))) as pool:
-                for job in [pool.submit(update, item) for item in touched]:
-                    job.result()
+            on_each_host(update, touched)
         except RemoteError as error:
             raise FabricError(str(error)) from None
         self.hosts_plan = new

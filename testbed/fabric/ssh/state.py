@@ -18,6 +18,7 @@ class HostRecord:
     root_qdisc_before: str
     changed: list[list[str]] = field(default_factory=list)  # argv lists, in the order they ran
     delay_line_pid: int | None = None  # the delay-line supervisor started there
+    memory_dir: str = ""  # its delay-line files, in memory (plan.hosts.memory_dir), when not in the workdir
 
 
 @dataclass
