@@ -183,13 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.preset:
         import dataclasses
 
-        from testbed.workload.compute import compute_step
+        from testbed.workload.compute import ComputeStep
         from testbed.workload.model import PRESETS
 
         cfg = PRESETS[args.preset]
         if args.seq_len:
             cfg = dataclasses.replace(cfg, seq_len=args.seq_len)
-        step = compute_step(cfg, args.micro_batch)
+        step = ComputeStep(cfg, args.micro_batch)
         optimizers = optimizer_steps(step.parameters)
         step()  # the first pass allocates and starts autograd's threads: not what a training step costs
         for optimizer_step in optimizers.values():

@@ -8,7 +8,6 @@ compute/communication ratio can be emulated from a device profile.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -18,26 +17,26 @@ from testbed.workload.options import Options
 BACKWARD_SHARE = 2 / 3  # backward costs about twice the forward
 
 
-def compute_step(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None) -> Callable[[], None]:
+class ComputeStep:
     """One micro-batch's real forward and backward of the whole model, built once: call it to compute (it
-    returns once the device has finished)."""
-    device = device or torch.device("cpu")
-    model = GPT(cfg).to(device)
-    x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq_len), device=device)
+    returns once the device has finished). `parameters`: the model's, for the calibration's optimizer steps."""
 
-    def step() -> None:
-        loss_fn(model(x), x).backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def __init__(self, cfg: ModelConfig, micro_batch: int, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.model = GPT(cfg).to(self.device)
+        self.x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq_len), device=self.device)
+        self.parameters = list(self.model.parameters())
 
-    step.parameters = list(model.parameters())  # type: ignore[attr-defined]  # for the calibration's optimizers
-    return step
+    def __call__(self) -> None:
+        loss_fn(self.model(self.x), self.x).backward()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 def measure_compute_seconds(cfg: ModelConfig, micro_batch: int, device: torch.device | None = None,
                             repeats: int = 3) -> float:
     """Median real forward+backward time of one micro-batch of the whole model on this device."""
-    step = compute_step(cfg, micro_batch, device)
+    step = ComputeStep(cfg, micro_batch, device)
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
