@@ -22,7 +22,6 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from testbed.fabric.docker.engine import clean, docker_client
 from testbed.fabric.docker.process import DockerProcess, ExecChannel, ExecError, ExecShell
 from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import NodeForkServers
+from testbed.fabric.parallel import each_at_once
 from testbed.fabric.shipping import pass_env, source_archive
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
@@ -336,9 +336,7 @@ class DockerFabric(Fabric):
     def prepare_rank_faults(self, nodes: list[str]) -> None:
         """Open the kept-open shell of every node container in `nodes` (a kill is a `kill` written to it, a
         straggler's loop is started from it)."""
-        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-            for job in [pool.submit(lambda node: self._shell(node).script(["true"]), node) for node in nodes]:
-                job.result()
+        each_at_once(lambda node: self._shell(node).script(["true"]), nodes)
 
     def node_script(self, node: str, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
         """Run shell `lines` in the kept-open shell of container `node` (one exec, once, not one per script)."""
@@ -349,9 +347,7 @@ class DockerFabric(Fabric):
 
     def prepare_link_faults(self) -> None:
         """Open every router's kept-open shell (an exec each, 0.15-0.2 s) before a fault's clock starts."""
-        with ThreadPoolExecutor(max_workers=len(self.topology.dcs)) as pool:
-            for job in [pool.submit(self._router_control, dc.name, []) for dc in self.topology.dcs]:
-                job.result()
+        each_at_once(lambda dc: self._router_control(dc.name, []), list(self.topology.dcs))
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """Change directions live, the routers involved in parallel: each router's kept-open shell hands every
@@ -365,10 +361,7 @@ class DockerFabric(Fabric):
         for key, params in changes.items():
             for dc in dict.fromkeys(key.split("->")):
                 by_router.setdefault(dc, []).append([key, dataclasses.asdict(params)])
-        with ThreadPoolExecutor(max_workers=len(by_router)) as pool:
-            jobs = [pool.submit(self._router_control, dc, pairs) for dc, pairs in by_router.items()]
-            for job in jobs:
-                job.result()
+        each_at_once(lambda item: self._router_control(*item), list(by_router.items()))
         new = {key: plan_shaping(params, plan.shaper) for key, params in changes.items()}  # what the routers apply
         self.plan = dataclasses.replace(plan, link_ends=tuple(
             dataclasses.replace(e, shaping=new[e.key]) if e.key in new else e for e in plan.link_ends))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.fabric.parallel import each_at_once
 from testbed.fabric.ssh.connection import Connection, RemoteError
 from testbed.spec.inventory import HostSpec, Inventory
 
@@ -104,9 +104,8 @@ def _check_one(dc: str, host: HostSpec, base: Path, known_hosts: Path, accept_ne
 
 
 def check_inventory(inventory: Inventory, base: Path, known_hosts: Path, accept_new: bool) -> list[HostCheck]:
-    """Check every host, all at once (each waits mostly on its own torch import: four hosts one after the other
-    took 12 s here, together 5 s), rows in inventory order; an unreachable host is a row with its one-line
-    reason, not an exception."""
-    hosts = inventory.hosts()
-    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_CHECKS, len(hosts)))) as pool:
-        return list(pool.map(lambda pair: _check_one(*pair, base, known_hosts, accept_new), hosts))
+    """Check every host, all at once (each waits mostly on its own torch import: the four test hosts, sharing
+    this machine's 2 cores, took 12.1 s one after the other, 6.4-7.4 s together), rows in inventory order; an
+    unreachable host is a row with its one-line reason, not an exception."""
+    return each_at_once(lambda pair: _check_one(*pair, base, known_hosts, accept_new), inventory.hosts(),
+                        most=MAX_PARALLEL_CHECKS)

@@ -23,9 +23,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from testbed.agents import forkserver
 from testbed.agents.delayline.control import fresh_stats
@@ -36,6 +35,7 @@ from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import NodeForkServers
+from testbed.fabric.parallel import each_at_once
 from testbed.fabric.shipping import pass_env, source_archive
 from testbed.fabric.ssh.connection import Connection, RemoteError
 from testbed.fabric.ssh.process import RemoteProcess, SessionChannel
@@ -92,16 +92,6 @@ for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
 print(len(found))
 """
 DELAY_LINE_GONE = 17  # a re-shape script's exit status when the host's delay line is not there to reload
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def on_each_host(work: Callable[[T], R], items: list[T]) -> list[R]:
-    """work(item) for every item at once, one thread each (each host has its own connection); the results in
-    order. The first failure is raised once every thread has ended (each checks cancel between its steps)."""
-    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-        jobs = [pool.submit(work, item) for item in items]
-        return [job.result() for job in jobs]
 
 
 class SshFabric(Fabric):
@@ -168,7 +158,7 @@ class SshFabric(Fabric):
                 self._prepare(item, archive)
                 self._shape_host(item)
 
-            on_each_host(prepare_and_shape, plan.hosts)
+            each_at_once(prepare_and_shape, plan.hosts)  # each checks cancel between its steps
             if any(item.delay_line for item in plan.hosts):
                 cancel.check()
                 self._start_delay_lines(plan)
@@ -313,7 +303,7 @@ class SshFabric(Fabric):
             return None
 
         touched = [item for item in plan.hosts if self.state is None or item.host.name in recorded]  # others: never
-        failed = [error for error in on_each_host(undo, touched) if error is not None]
+        failed = [error for error in each_at_once(undo, touched) if error is not None]
         self.close()
         if failed:
             raise FabricError("could not restore every host (the state file is kept; run `testbed clean` again): "
@@ -432,7 +422,7 @@ class SshFabric(Fabric):
         straggler's loop is started from it)."""
         plan = self._require()
         hosts = {plan.host(node).host.name: plan.host(node).host for node in nodes}
-        on_each_host(lambda host: self.connect(host).open_shell(), list(hosts.values()))
+        each_at_once(lambda host: self.connect(host).open_shell(), list(hosts.values()))
 
     def node_script(self, node: str, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
         """Run shell `lines` in the kept-open shell of the host playing `node` (no new SSH session)."""
@@ -447,7 +437,7 @@ class SshFabric(Fabric):
         """Connect to every host in parallel and open its kept-open shell: an SSH handshake and a new session
         are most of a first change (which needs no SFTP: impair_all writes the delay line's configuration in
         the same script)."""
-        on_each_host(lambda item: self.connect(item.host).open_shell(), self._require().hosts)
+        each_at_once(lambda item: self.connect(item.host).open_shell(), self._require().hosts)
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """Change directions live, every host at once (its own connection's kept-open shell): `tc change` of
@@ -484,7 +474,7 @@ class SshFabric(Fabric):
 
         touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
         try:
-            on_each_host(update, touched)
+            each_at_once(update, touched)
         except RemoteError as error:
             raise FabricError(str(error)) from None
         self.hosts_plan = new
