@@ -41,6 +41,21 @@ def check(h: dict, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def connect_to_west(h: dict):
+    """A Connection to west-0 from this process, its socket made inside east-0 (where west-0 is reachable)."""
+    from pyroute2 import netns
+
+    from testbed.fabric.ssh.connection import Connection
+    from testbed.spec.inventory import load_inventory
+
+    host = next(found for _, found in load_inventory(h["inventory"]).hosts() if found.name == "west-0")
+    netns.pushns(h["testbed"].plan.node("east-0").ns)
+    try:
+        return Connection(host, host.key_path(h["dir"]), h["known_hosts"])
+    finally:
+        netns.popns()
+
+
 def test_hosts_check_reports_each_host(hosts):
     proc = check(hosts, "--json")
     assert proc.returncode in (0, 1), proc.stderr
@@ -92,17 +107,9 @@ def test_wrong_client_key_fails_in_one_line(hosts):
 def test_the_kept_open_shell_answers_each_script_and_replaces_a_dead_or_stuck_one(hosts):
     """Connection.script: output and exit status per script (set -e), `exit` ends only that script, a shell
     that died or did not answer in time is one line and the next script gets a fresh shell."""
-    from pyroute2 import netns
+    from testbed.fabric.ssh.connection import RemoteError
 
-    from testbed.fabric.ssh.connection import Connection, RemoteError
-    from testbed.spec.inventory import load_inventory
-
-    host = next(h for _, h in load_inventory(hosts["inventory"]).hosts() if h.name == "west-0")
-    netns.pushns(hosts["testbed"].plan.node("east-0").ns)  # the socket is made where west-0 is reachable
-    try:
-        connection = Connection(host, host.key_path(hosts["dir"]), hosts["known_hosts"])
-    finally:
-        netns.popns()
+    connection = connect_to_west(hosts)
     with connection:
         connection.open_shell()
         assert connection.script(["echo one", "echo two >&2", "printf three"]) == Result(0, "one\ntwo\nthree", "")
@@ -164,10 +171,6 @@ def test_commands_on_one_connection_never_half_close_their_channel(hosts, monkey
     import time
 
     import paramiko
-    from pyroute2 import netns
-
-    from testbed.fabric.ssh.connection import Connection
-    from testbed.spec.inventory import load_inventory
 
     def slow_shutdown(channel: paramiko.Channel, how: int) -> None:
         with channel.lock:
@@ -177,12 +180,7 @@ def test_commands_on_one_connection_never_half_close_their_channel(hosts, monkey
             channel.transport._send_user_message(message)
 
     monkeypatch.setattr(paramiko.Channel, "shutdown", slow_shutdown)
-    host = next(h for _, h in load_inventory(hosts["inventory"]).hosts() if h.name == "west-0")
-    netns.pushns(hosts["testbed"].plan.node("east-0").ns)  # the socket is made where west-0 is reachable
-    try:
-        connection = Connection(host, host.key_path(hosts["dir"]), hosts["known_hosts"])
-    finally:
-        netns.popns()
+    connection = connect_to_west(hosts)
     with connection:
         for index in range(5):
             assert connection.run(["echo", str(index)]) == Result(0, f"{index}\n", "")
