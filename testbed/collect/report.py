@@ -32,6 +32,24 @@ def _plt():
     return plt
 
 
+def warm() -> None:
+    """Pay matplotlib's first-use costs (its font cache, text layout, the Agg renderer and PNG writer: ~1 s here,
+    as much again as drawing the plots after) with a small figure drawn to memory: a run calls this while its fork
+    server imports torch, so that the report after its cells does not."""
+    import io
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [0, 1], marker="o", label="a")
+    ax.bar([0], [1])
+    ax.set_xticks([0, 1], ["a", "b"], rotation=35, ha="right", fontsize=7)
+    ax.set(xlabel="x", ylabel="y", title="t")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), format="png", dpi=100)
+    plt.close(fig)
+
+
 def _primary(agg: pd.DataFrame) -> str | None:
     keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
     return keys[0] if keys else None

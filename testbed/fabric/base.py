@@ -101,8 +101,9 @@ class Fabric(ABC):
         return "no netem on this kernel; the userspace delay line serves inter-DC links only"
 
     def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> Forks | None:
-        """A process (netns), or one per container or host (docker, ssh), that has imported `preload` once and
-        forks commands into this fabric's nodes (testbed.agents.forkserver); None where every command is exec'd."""
+        """A process (netns), or one per container or host (docker, ssh), that imports `preload` once and forks
+        commands into this fabric's nodes (testbed.agents.forkserver); None where every command is exec'd. It may
+        still be importing when this returns: its ready() waits for it, and so does its first spawn."""
         return None
 
     def fetch_outputs(self, local: Path) -> None:

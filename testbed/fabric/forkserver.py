@@ -103,17 +103,21 @@ class ForkServer:
         self._replies: list[dict] = []
         self._outputs: dict[int, IO[bytes]] = {}  # pid -> its log here (remote)
         self.environ: dict[str, str] = {}  # the server's environment as it started (a remote rank's starts from it)
+        self.is_ready = False
         if wait:
             self.ready()
 
     @classmethod
     def local(cls, preload: str, log: Path, env: dict[str, str],
-              namespace: Callable[[str], str | None]) -> ForkServer:
-        """A server on this machine (netns, loopback)."""
-        return cls(LocalChannel(preload, log, env), log, namespace)
+              namespace: Callable[[str], str | None], wait: bool = True) -> ForkServer:
+        """A server on this machine (netns, loopback); with `wait` False it is still importing when this returns."""
+        return cls(LocalChannel(preload, log, env), log, namespace, wait=wait)
 
     def ready(self) -> None:
-        """Wait for the server's first message (it has imported the preload); closes it on any failure."""
+        """Wait for the server's first message (it has imported the preload), once; closes it on any failure.
+        A spawn waits for it too: until then the server's first message is not a spawn's reply."""
+        if self.is_ready:
+            return
         try:
             ready = self._reply(READY_TIMEOUT_S)
             self.environ = ready.get("env", {})
@@ -123,6 +127,7 @@ class ForkServer:
         except BaseException:
             self.close()
             raise
+        self.is_ready = True
 
     # --- messages -------------------------------------------------------------------------------------
     def _take(self, message: dict) -> None:
@@ -218,6 +223,7 @@ class ForkServer:
         request: dict[str, Any] = {"spawn": node, "netns": self.namespace(node), "module": module, "args": list(args),
                                    "env": {**self.environ, **env} if self.remote else env,
                                    "log": None if self.remote else str(log), "cwd": cwd, "mkdirs": list(mkdirs)}
+        self.ready()
         with self.lock:
             self._log_for_reply = open(log, "wb") if self.remote else None
             try:
@@ -285,14 +291,18 @@ class NodeForkServers:
         pumps, lock = [0], threading.RLock()
         for server in servers.values():
             server.peers, server._pumps, server.lock = list(servers.values()), pumps, lock
+
+    def ready(self) -> None:
+        """Wait until every server has imported the preload; all are closed if one fails."""
         try:
-            for server in servers.values():
+            for server in self.servers.values():
                 server.ready()
         except BaseException:
             self.close()
             raise
 
     def spawn(self, node: str, module: str, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
+        self.ready()
         there, cwd, mkdirs = self.prepare(node, env)
         return self.servers[node].spawn(node, module, args, there, log, cwd=cwd, mkdirs=mkdirs)
 

@@ -266,9 +266,10 @@ def latest_run(out_root: Path, name: str) -> Path | None:
 
 def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
                    only: str | None = None, progress: Any = None, backend: str | Backend = registry.DEFAULT,
-                   launcher: str = "auto") -> Path:
+                   launcher: str = "auto", meanwhile: Callable[[], None] | None = None) -> Path:
     """Run (or resume) an experiment; returns the run directory (its report is testbed.collect's to build).
-    Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS)."""
+    Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS).
+    `meanwhile`: work to do while the fork server imports torch (the CLI readies the report's plotting)."""
     fork = launcher_forks(launcher, backend)
     experiment, topology = load_experiment(path)
     cells = plan_cells(experiment, topology)
@@ -282,7 +283,7 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     if progress:
         progress.start(len(cells), len(cells) - len(todo), run_dir)
     with fabric(topology, path, prefix, shaper, backend) as testbed, fork_server(testbed, fork and bool(todo),
-                                                                                   run_dir) as forks:
+                                                                                   run_dir, meanwhile) as forks:
         if not (run_dir / "manifest.json").exists():
             atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
         if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
@@ -316,13 +317,16 @@ def launcher_forks(launcher: str, backend: str | Backend) -> bool:
 
 
 @contextmanager
-def fork_server(testbed: Testbed, wanted: bool, run_dir: Path) -> Iterator[Forks | None]:
-    """The run's fork server (its output in run_dir/forkserver.log), closed whatever happens; None unless wanted."""
-    if not wanted:
-        yield None
-        return
-    forks = testbed.fabric.fork_server(PRELOAD, run_dir / "forkserver.log", server_env())
+def fork_server(testbed: Testbed, wanted: bool, run_dir: Path,
+                meanwhile: Callable[[], None] | None = None) -> Iterator[Forks | None]:
+    """The run's fork server (its output in run_dir/forkserver.log), ready, closed whatever happens; None unless
+    wanted. `meanwhile` runs while the server imports torch (seconds), before anything is measured."""
+    forks = testbed.fabric.fork_server(PRELOAD, run_dir / "forkserver.log", server_env()) if wanted else None
     try:
+        if meanwhile is not None:
+            meanwhile()
+        if forks is not None:
+            forks.ready()
         yield forks
     finally:
         if forks is not None:

@@ -136,3 +136,15 @@ def test_a_ranks_output_and_exit_read_with_its_spawn_reply_are_kept(tmp_path):
     proc = server.spawn("east-0", "rank", [], {}, tmp_path / "rank0.log")
     assert proc.poll() == 2 and (tmp_path / "rank0.log").read_text() == "boom\n"
     assert server.live == set()
+
+
+def test_a_spawn_sent_while_the_server_still_imports_waits_for_it(servers, tmp_path):
+    """A run starts its fork server and goes on (the report's plotting is readied while torch imports): a spawn
+    before ready() must wait for the server's first message, not take it for the spawn's reply."""
+    (server,) = servers()
+    assert not server.is_ready
+    proc = server.spawn("east-0", module(tmp_path, "rank_ok", "print('ok')"), [], {}, tmp_path / "rank0.log")
+    assert server.is_ready and server.environ["STARTED_WITH"] == "this"
+    assert proc.wait(timeout=30) == 0 and (tmp_path / "rank0.log").read_text() == "ok\n"
+    server.ready()  # once is enough: a second call reads nothing
+    assert server.live == set()

@@ -185,7 +185,7 @@ class NetnsFabric(Fabric):
 
     def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> ForkServer:
         """One server on this machine forks ranks into any node: a setns is all a node takes."""
-        return ForkServer.local(preload, log, env, self.namespace)
+        return ForkServer.local(preload, log, env, self.namespace, wait=False)
 
     def namespace(self, node: str) -> str:
         """The namespace of node `node` (a namespace's own name is accepted as well)."""
