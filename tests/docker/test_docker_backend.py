@@ -24,13 +24,9 @@ KILL_DELAY_LINE = ("import json, os, signal; "
                    "os.kill(json.load(open('/run/testbed/router.json'))['delay_line'], signal.SIGKILL)")
 
 
-def probe(pings: int = 100) -> list[dict]:
-    proc = run_cli("probe", "--json", "--pings", str(pings), "--seconds", "2", timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)["pairs"]
-
-
-def test_up_probe_shape_exec_status_and_down(prefix, docker_image):
+def test_two_nodes_a_dc_exec_status_and_a_dead_delay_line(prefix, docker_image):
+    """What only docker has, on a DC of two nodes (six containers with the routers); the probe, a live shape, a
+    partition and down's leftovers are tests/scenario's, as on every backend."""
     proc = run_cli("up", "--backend", "docker", "--image", docker_image, str(TOPOLOGIES / "two-dc.yaml"), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "intra-DC access links are not shaped" in proc.stdout  # said, never hidden
@@ -44,17 +40,6 @@ def test_up_probe_shape_exec_status_and_down(prefix, docker_image):
     assert ping.returncode == 0, ping.stderr
     average = float(re.search(r"= [\d.]+/([\d.]+)/", ping.stdout).group(1))
     assert 20.0 <= average < 30.0  # 10 ms each way, through both routers
-
-    for pair in probe():  # the same fidelity bounds as the netns backend's probe test
-        assert pair["not_applied"] == "" and pair["rtt_applied_ms"] == pytest.approx(20.0)
-        assert 20.0 <= pair["rtt_p50_ms"] <= 22.0, pair
-        assert abs(pair["goodput_error"]) < 0.10, pair
-
-    shaped = run_cli("shape", "east", "west", "--latency", "5ms", "--bandwidth", "200mbit", timeout=60)
-    assert shaped.returncode == 0, shaped.stderr
-    for pair in probe(pings=50):
-        assert 10.0 <= pair["rtt_p50_ms"] <= 12.0, pair
-        assert pair["goodput_expected_mbps"] < 200 and abs(pair["goodput_error"]) < 0.10, pair
 
     if status["shaper"] == "userspace-delay":  # a dead delay line darkens the links, and the harness says so
         code, output = router_exec(prefix, "west", ["python", "-c", KILL_DELAY_LINE])

@@ -1,8 +1,8 @@
 """One scenario, run against every backend this machine has (Mininet's test_nets: one test, one mixin per
 implementation): bring a two-DC testbed up with `testbed up`, check what `status` says, probe the round trip
-against the configured latency, change the link live, probe again, partition it by hand (`testbed fault`) and
-see the partition applied within 0.25 s and cleared, take it down, and find nothing left. Where ranks run
-elsewhere (docker, ssh), an experiment's scheduled link faults come on time too.
+against the configured latency and the goodput against the rate, change the link live, probe again, partition it
+by hand (`testbed fault`) and see the partition applied within 0.25 s and cleared, take it down, and find nothing
+left. Where ranks run elsewhere (docker, ssh), an experiment's scheduled link faults come on time too.
 
 netns runs wherever the tests have root; docker where an engine answers; ssh where sshd is installed (the hosts are
 sshd in namespaces, and the commands run from a controller node inside their network). CI has all three: there
@@ -110,8 +110,10 @@ def backend(request, prefix, tmp_path) -> Backend:
     return mixins[request.param](prefix, tmp_path, request)
 
 
-def probe(backend: Backend) -> dict[tuple[str, str], dict]:
-    proc = backend.cli("probe", "--json", "--pings", "30", "--seconds", "0.5", timeout=300)
+def probe(backend: Backend, seconds: float = 0.5) -> dict[tuple[str, str], dict]:
+    """Each direction's RTT (30 pings) and goodput: a flow of `seconds`, of which the agent skips 0.5 s of slow
+    start, so only a longer one measures goodput at all."""
+    proc = backend.cli("probe", "--json", "--pings", "30", "--seconds", str(seconds), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {(pair["src"], pair["dst"]): pair for pair in json.loads(proc.stdout)["pairs"]}
 
@@ -133,9 +135,10 @@ def test_up_status_probe_shape_down(backend, tmp_path):
     for link in inter.values():
         assert link["latency"] == "10ms" and link["bandwidth"] == "200mbit" and "NOT" not in link["mechanism"]
 
-    for pair in probe(backend).values():
+    for pair in probe(backend, seconds=1.5).values():
         assert pair["rtt_applied_ms"] == pytest.approx(20.0) and pair["not_applied"] == ""
         assert 20.0 <= pair["rtt_p50_ms"] <= 20.0 + RTT_SLACK_MS, pair
+        assert abs(pair["goodput_error"]) < 0.10, pair  # 200 Mbit/s each way, as the probe tests' bound
 
     shaped = backend.cli("shape", "east", "west", "--latency", "4ms")
     assert shaped.returncode == 0, shaped.stderr[-2000:]
