@@ -1,9 +1,11 @@
-"""Probe agent, run inside a node: `python -m testbed.agents.probe serve|rtt|send ...`; prints JSON.
+"""Probe agent, run inside a node: `python -m testbed.agents.probe serve|rtt|send|pair ...`; prints JSON.
 
 - serve: a UDP echo and a TCP sink on one port. The sink times what it receives and, when the sender
   half-closes, answers with its own measurement (goodput is measured where bytes arrive).
 - rtt:   UDP pings with sequence numbers; prints every round-trip time and how many were lost.
 - send:  one TCP flow for N seconds; prints the sink's measurement.
+- pair:  rtt, then (with --seconds above 0) send, from one process: {"rtt": ..., "flow": ... or null}. A probe
+  of a DC pair is one start of this agent (a docker exec, a command over ssh, ~1 s in user-mode Linux).
 Only the standard library, so it starts fast in any namespace.
 
 The pinger and the echo's thread run SCHED_FIFO (below the delay line's priority) unless $TESTBED_PROBE_RT is 0:
@@ -161,14 +163,24 @@ def main(argv: list[str]) -> int:
     p_send.add_argument("--port", type=int, default=5201)
     p_send.add_argument("--seconds", type=float, default=3.0)
     p_send.add_argument("--pace", type=float, default=0.0, help="pacing cap in bits/s (0 = none)")
+    p_pair = sub.add_parser("pair")
+    p_pair.add_argument("target")
+    p_pair.add_argument("--port", type=int, default=5201)
+    p_pair.add_argument("--count", type=int, default=200)
+    p_pair.add_argument("--interval", type=float, default=0.01)
+    p_pair.add_argument("--timeout", type=float, default=2.0)
+    p_pair.add_argument("--seconds", type=float, default=3.0, help="of TCP flow after the pings (0 = none)")
     args = parser.parse_args(argv)
     if args.cmd == "serve":
         serve(args.port, args.warmup)
         return 0
     if args.cmd == "rtt":
         result = rtt(args.target, args.port, args.count, args.interval, args.timeout)
-    else:
+    elif args.cmd == "send":
         result = send(args.target, args.port, args.seconds, args.pace)
+    else:
+        result = {"rtt": rtt(args.target, args.port, args.count, args.interval, args.timeout),
+                  "flow": send(args.target, args.port, args.seconds) if args.seconds > 0 else None}
     print(json.dumps(result), flush=True)
     return 0
 

@@ -8,6 +8,7 @@ a running mechanism delays (netem, or a live userspace delay line); the rest is 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import statistics
@@ -75,11 +76,14 @@ class _Server:
                                  stderr=subprocess.PIPE, text=True)
 
     def __enter__(self) -> _Server:
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "ready" not in line:
             self.proc.kill()
             raise FabricError(f"probe agent did not start: {self.proc.stderr.read().strip()[-300:]}")
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.proc.kill()
@@ -101,7 +105,8 @@ def _run_agent(fabric: Fabric, node: str, args: list[str], timeout: float) -> di
 
 def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, dst: str, *,
                pings: int, seconds: float, applied: Callable[[LinkEnd], bool]) -> PairProbe:
-    """RTT from src to dst and goodput src->dst, between node 0 of each DC."""
+    """RTT from src to dst and goodput src->dst (none with `seconds` 0), between node 0 of each DC, whose probe
+    agent must be serving (_Server)."""
     there, back = path_ends(plan, topology, src, dst), path_ends(plan, topology, dst, src)
     round_trip = there + back
     configured = sum(end.shaping.params.latency for end in round_trip)
@@ -114,15 +119,14 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
     rates = [end.shaping.params.bandwidth for end in there if end.shaping.params.bandwidth is not None]
     rate = min(rates) if rates else None
     src_node, dst_node = plan.node(f"{src}-0"), plan.node(f"{dst}-0")
-    with _Server(fabric, dst_node.name):
-        ping = _run_agent(fabric, src_node.name, ["rtt", dst_node.address, "--port", str(PORT), "--count",
-                                                  str(pings)], timeout=60 + pings * 0.05)
-        flow = _run_agent(fabric, src_node.name, ["send", dst_node.address, "--port", str(PORT), "--seconds",
-                                                  str(seconds)], timeout=seconds + 60)
+    measured = _run_agent(fabric, src_node.name, ["pair", dst_node.address, "--port", str(PORT), "--count",
+                                                  str(pings), "--seconds", str(seconds)],
+                          timeout=120 + pings * 0.05 + seconds)
+    ping, flow = measured["rtt"], measured["flow"]
     rtts = ping["rtts"]
     p50 = statistics.median(rtts) * 1e3 if rtts else None
-    expected = rate * PAYLOAD_PER_FRAME if rate is not None else None
-    goodput = flow["goodput_bps"]
+    expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
+    goodput = flow["goodput_bps"] if flow is not None else None
     return PairProbe(
         src=src, dst=dst, shaper=plan.shaper,
         rtt_configured_ms=configured * 1e3, rtt_applied_ms=applied_rtt * 1e3,
@@ -131,8 +135,9 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
         pings=ping["sent"], ping_scheduling=ping.get("scheduling", "other"),
         ping_loss=1 - ping["received"] / ping["sent"], loss_configured=1 - keep,
         rate_configured_mbps=rate / 1e6 if rate else None,
-        goodput_expected_mbps=expected / 1e6 if expected else None, goodput_mbps=goodput / 1e6,
-        goodput_error=(goodput - expected) / expected if expected else None,
+        goodput_expected_mbps=expected / 1e6 if expected else None,
+        goodput_mbps=goodput / 1e6 if goodput is not None else None,
+        goodput_error=(goodput - expected) / expected if expected and goodput is not None else None,
         not_applied=", ".join(missing),
     )
 
@@ -140,13 +145,20 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,
               applied: Callable[[LinkEnd], bool],
               on_pair: Callable[[str, str], None] | None = None) -> list[PairProbe]:
-    """Every ordered DC pair: RTT and goodput in both directions."""
+    """Every ordered DC pair, one after the other: RTT, and goodput unless `seconds` is 0, in both directions.
+    Node 0 of every DC serves the probes of all its pairs."""
     results = []
-    for a, b in itertools.permutations([dc.name for dc in topology.dcs], 2):
-        if on_pair:
-            on_pair(a, b)
-        results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied))
-        time.sleep(0.1)  # let the previous flow's queues drain
+    dcs = [dc.name for dc in topology.dcs]
+    with contextlib.ExitStack() as stack:
+        servers = [stack.push(_Server(fabric, plan.node(f"{dc}-0").name)) for dc in dcs]  # all start at once
+        for server in servers:
+            server.wait_ready()
+        for a, b in itertools.permutations(dcs, 2):
+            if on_pair:
+                on_pair(a, b)
+            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied))
+            if seconds > 0:
+                time.sleep(0.1)  # let the previous flow's queues drain
     return results
 
 

@@ -49,3 +49,24 @@ def test_the_pinger_and_the_echo_thread_run_fifo_unless_switched_off(switch, exp
 def test_the_probe_ranks_below_the_delay_line():
     """A FIFO pinger that kept the delay line's worker waiting would delay the packets it times."""
     assert 0 < probe.RT_PRIORITY < DELAY_LINE_PRIORITY
+
+
+@pytest.mark.parametrize("seconds", ["0", "0.8"])
+def test_one_pair_agent_pings_then_sends_only_when_asked(seconds):
+    """A probe of a DC pair is one start of the agent (`pair`): the pings, then a flow only for seconds above 0
+    (the run's link calibration times round trips only, before every cell)."""
+    server = _agent("serve", "--port", "5392", "--warmup", "0.2")
+    try:
+        assert "ready" in server.stdout.readline()
+        pair = _agent("pair", "127.0.0.1", "--port", "5392", "--count", "10", "--interval", "0.005",
+                      "--seconds", seconds)
+        result = json.loads(pair.communicate(timeout=60)[0])
+    finally:
+        server.kill()
+        server.wait()
+    assert result["rtt"]["received"] == 10 and len(result["rtt"]["rtts"]) == 10
+    if seconds == "0":
+        assert result["flow"] is None
+    else:
+        assert result["flow"]["sent_bytes"] > 0 and result["flow"]["goodput_bps"] > 0
+        assert 0.4 <= result["flow"]["duration"] <= 2.0, result["flow"]
