@@ -146,29 +146,29 @@ def send(target: str, port: int, seconds: float, pace_bps: float = 0.0) -> dict:
     return result
 
 
+def _pinger_options(parser: argparse.ArgumentParser) -> None:
+    """What `rtt` and `pair` take: the target and how to ping it."""
+    parser.add_argument("target")
+    parser.add_argument("--port", type=int, default=5201)
+    parser.add_argument("--count", type=int, default=200)
+    parser.add_argument("--interval", type=float, default=0.01)
+    parser.add_argument("--timeout", type=float, default=2.0)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="testbed.agents.probe")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_serve = sub.add_parser("serve")
     p_serve.add_argument("--port", type=int, default=5201)
     p_serve.add_argument("--warmup", type=float, default=0.5)
-    p_rtt = sub.add_parser("rtt")
-    p_rtt.add_argument("target")
-    p_rtt.add_argument("--port", type=int, default=5201)
-    p_rtt.add_argument("--count", type=int, default=200)
-    p_rtt.add_argument("--interval", type=float, default=0.01)
-    p_rtt.add_argument("--timeout", type=float, default=2.0)
+    _pinger_options(sub.add_parser("rtt"))
     p_send = sub.add_parser("send")
     p_send.add_argument("target")
     p_send.add_argument("--port", type=int, default=5201)
     p_send.add_argument("--seconds", type=float, default=3.0)
     p_send.add_argument("--pace", type=float, default=0.0, help="pacing cap in bits/s (0 = none)")
     p_pair = sub.add_parser("pair")
-    p_pair.add_argument("target")
-    p_pair.add_argument("--port", type=int, default=5201)
-    p_pair.add_argument("--count", type=int, default=200)
-    p_pair.add_argument("--interval", type=float, default=0.01)
-    p_pair.add_argument("--timeout", type=float, default=2.0)
+    _pinger_options(p_pair)
     p_pair.add_argument("--seconds", type=float, default=3.0, help="of TCP flow after the pings (0 = none)")
     args = parser.parse_args(argv)
     if args.cmd == "serve":
