@@ -137,6 +137,16 @@ def _text(stream: IO[bytes] | None) -> IO[str] | None:
     return io.TextIOWrapper(stream, errors="replace") if stream is not None else None
 
 
+def exec_socket(api: Any, exec_id: str) -> tuple[Any, Any]:
+    """Start exec `exec_id`: its hijacked socket, and what docker-py returned, which its user must keep as long.
+    That object holds the HTTP response; when a full garbage collection takes it (the fault driver collects the
+    heap before its clock starts), the response closes the socket under whoever uses it: "[Errno 9] Bad file
+    descriptor" (CI, 2026-11-27: a router's kept shell; here, two shells opened at once in a loop with a
+    gc.collect() before their second script every third time failed 3 of 60, all after a collection)."""
+    returned = api.exec_start(exec_id, socket=True)
+    return getattr(returned, "_sock", returned), returned
+
+
 class ExecShell:
     """A `sh` kept open in a container by one docker exec, its stdin and output on the exec's hijacked socket
     (frames of docker's stream protocol: an 8-byte header, stream and length, then the bytes): `script` writes
@@ -145,6 +155,7 @@ class ExecShell:
     def __init__(self, api: Any, container: str) -> None:
         self.api, self.container = api, container
         self._sock: Any = None
+        self._keep: Any = None  # what exec_start returned: it keeps the socket open (exec_socket)
         self._raw = b""
         self._lock = threading.Lock()
 
@@ -152,8 +163,7 @@ class ExecShell:
         if self._sock is None:
             exec_id = self.api.exec_create(self.container, ["sh"], stdin=True, stdout=True, stderr=True,
                                            tty=False)["Id"]
-            sock = self.api.exec_start(exec_id, socket=True)
-            self._sock, self._raw = getattr(sock, "_sock", sock), b""
+            (self._sock, self._keep), self._raw = exec_socket(self.api, exec_id), b""
         return self._sock
 
     def _recv(self, seconds: float) -> bytes:
@@ -184,7 +194,7 @@ class ExecShell:
                 self._sock.close()
             except OSError:
                 pass
-            self._sock = None
+            self._sock = self._keep = None
 
 
 class ExecChannel:
@@ -194,8 +204,7 @@ class ExecChannel:
     def __init__(self, api: Any, container: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         exec_id = api.exec_create(container, argv, stdin=True, stdout=True, stderr=True, tty=False,
                                   environment=env)["Id"]
-        sock = api.exec_start(exec_id, socket=True)
-        self._sock = getattr(sock, "_sock", sock)
+        self._sock, self._keep = exec_socket(api, exec_id)
         self._raw = b""
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "ab")
