@@ -233,7 +233,8 @@ class ExecChannel:
 
     def close(self) -> None:
         """Half-close first (as docker's CLI ends an exec's stdin): the SDK's response keeps a reference to the
-        socket, so close() alone may leave the connection, and the server, up until a garbage collection."""
+        socket, so close() alone may leave the connection, and the server, up until a garbage collection. Then let
+        the response go, as ExecShell.close does."""
         try:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:
@@ -242,4 +243,5 @@ class ExecChannel:
             self._sock.close()
         except OSError:
             pass
+        self._keep = None
         self._log.close()
