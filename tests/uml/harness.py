@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,10 +142,11 @@ _fxsave: bool | None = None  # learnt from a boot: whether this CPU needs tests/
 
 def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None, timeout: float = 600,
         mem: str = "2G", modules: tuple[str, ...] = DEFAULT_MODULES, deny: tuple[str, ...] = (),
-        stream=None) -> Result:
+        stream=None, cancel: threading.Event | None = None) -> Result:
     """Boot UML, run `argv` in `cwd` with `env` (added to a few of this process's variables) and return its
     exit status and output. `modules` are loaded first; the kernel's loader refuses the names in `deny` (a
-    kernel without that feature). `stream`: a text file that gets the output as it comes. Raises
+    kernel without that feature). `stream`: a text file that gets the output as it comes. `cancel`: once set,
+    the kernel and everything in it are killed within half a second (status 130). Raises
     UmlUnavailable. Under tests/uml/fxsave.py where the CPU has AMX, or where a first boot died setting its
     processes' register state back (another CPU whose XSAVE area is too large for UML 6.1)."""
     global _fxsave
@@ -152,7 +154,7 @@ def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
     if why:
         raise UmlUnavailable(why)
     options = {"cwd": cwd, "env": env, "timeout": timeout, "mem": mem, "modules": modules, "deny": deny,
-               "stream": stream}
+               "stream": stream, "cancel": cancel}
     result = _boot(argv, fx=fxsave.needed() if _fxsave is None else _fxsave, **options)
     if result.fp_regs_refused:
         _fxsave = True
@@ -184,7 +186,8 @@ def _kernel_env(work: Path) -> dict[str, str]:
 
 
 def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None, timeout: float, mem: str,
-          modules: tuple[str, ...], deny: tuple[str, ...], stream, fx: bool) -> Result:
+          modules: tuple[str, ...], deny: tuple[str, ...], stream, cancel: threading.Event | None,
+          fx: bool) -> Result:
     version = kernel_version()
     work = Path(tempfile.mkdtemp(prefix="tb-uml-", dir="/var/tmp"))
     output, rcfile, envfile, init = work / "output", work / "rc", work / "env", work / "init"
@@ -206,7 +209,7 @@ def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None
         launcher = [sys.executable, str(Path(fxsave.__file__))] if fx else []
         kernel_argv = [*launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
                        f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
-                       f"umid=tb-uml-{os.getpid()}", f"uml_dir={work}"]
+                       f"umid={work.name}", f"uml_dir={work}"]  # boots run side by side
         start = time.monotonic()
         with open(work / "console", "wb") as console:
             proc = subprocess.Popen(kernel_argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
@@ -222,7 +225,7 @@ def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None
                         pass
                     if stream is not None:
                         shown = _show(output, shown, stream)
-                    if time.monotonic() - start > timeout:
+                    if time.monotonic() - start > timeout or (cancel is not None and cancel.is_set()):
                         break
             finally:
                 _kill_group(proc)
@@ -233,11 +236,12 @@ def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None
         try:
             code = int(rcfile.read_text().strip())
         except (OSError, ValueError):
-            reason = (f"timed out after {timeout:.0f}s" if seconds > timeout
+            cancelled = cancel is not None and cancel.is_set()
+            reason = (f"timed out after {timeout:.0f}s" if seconds > timeout else "cancelled" if cancelled
                       else f"user-mode Linux ended without the command's exit status (kernel exit {proc.returncode})")
             console = (work / "console").read_text(errors="replace")
             text += f"\numl: {reason}; console:\n" + "\n".join(console.strip().splitlines()[-15:])
-            code = 124 if seconds > timeout else 125
+            code = 124 if seconds > timeout else 130 if cancelled else 125
             if not fx and "ptrace set fp regs failed" in console:
                 return Result(code, text, seconds, fp_regs_refused=True)
         return Result(code, text, seconds)

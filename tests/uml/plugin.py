@@ -1,8 +1,11 @@
 """pytest plugin: tests marked `uml` run inside user-mode Linux (a kernel with sch_netem), one boot per module.
 
-On the host, the first `uml` test of a module boots UML once and runs all of that module's `uml` tests there
-(same options: `@pytest.mark.uml(modules=..., deny=...)` give the boot's modules); each outer test then reports
-its own inner outcome, with the inner failure text. Inside UML the tests run as written.
+On the host, the tests of one module with the same options share one boot of UML, which runs them all
+(`@pytest.mark.uml(modules=..., deny=...)` give the boot's modules; `boot="name"` puts tests of a module in a
+boot of their own, e.g. those that do not need its module-scoped testbed); each outer test then reports its own
+inner outcome, with the inner failure text. UML runs on one CPU: the first `uml` test reached starts every boot
+of the session, as many at once as the host has CPUs (the boots with most tests first), and each outer test
+waits for its own. Inside UML the tests run as written.
 
 Without UML (no `linux.uml`, or not root) the tests are skipped with the reason; when `CI` is set they fail
 instead (tests/needs.py): in CI they must run.
@@ -10,10 +13,13 @@ instead (tests/needs.py): in CI they must run.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +38,9 @@ class InnerOutcome:
     text: str
 
 
-_batches: dict[tuple, dict[str, InnerOutcome]] = {}
+_batches: dict[tuple, Future[dict[str, InnerOutcome]]] = {}
+_cancel = threading.Event()  # set when the session ends: boots still running are killed
+_pool: ThreadPoolExecutor | None = None
 
 
 def _boot_options(item: pytest.Item) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -44,7 +52,22 @@ def _boot_options(item: pytest.Item) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _key(item: pytest.Item) -> tuple:
-    return (str(item.path), *_boot_options(item))
+    marker = item.get_closest_marker("uml")
+    assert marker is not None
+    return (str(item.path), *_boot_options(item), marker.kwargs.get("boot", ""))
+
+
+def _start_boots(session: pytest.Session) -> None:
+    """Every boot of the session's `uml` tests, queued at once: one per host CPU at a time, most tests first."""
+    global _pool
+    groups: dict[tuple, list[pytest.Item]] = {}
+    for item in session.items:
+        if item.get_closest_marker("uml"):
+            groups.setdefault(_key(item), []).append(item)
+    _pool = ThreadPoolExecutor(max_workers=max(1, min(len(groups), os.cpu_count() or 1)),
+                               thread_name_prefix="uml-boot")
+    for key, items in sorted(groups.items(), key=lambda group: -len(group[1])):
+        _batches[key] = _pool.submit(_run_batch, items, *_boot_options(items[0]))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -70,11 +93,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None  # inside UML: as written; unavailable: the skip/xfail mark added at collection decides
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.time()
-    key = _key(item)
-    if key not in _batches:
-        siblings = [other for other in item.session.items if other.get_closest_marker("uml") and _key(other) == key]
-        _batches[key] = _run_batch(siblings, *_boot_options(item))
-    outcome = _batches[key].get(_inner_id(item), InnerOutcome("missing", "not reported by the inner run"))
+    if not _batches:
+        _start_boots(item.session)
+    outcome = _outcomes(_batches[_key(item)]).get(_inner_id(item),
+                                                   InnerOutcome("missing", "not reported by the inner run"))
     if outcome.status == "passed":
         status, longrepr = "passed", None
     elif outcome.status == "skipped":
@@ -93,6 +115,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return True
 
 
+def _outcomes(boot: Future[dict[str, InnerOutcome]]) -> dict[str, InnerOutcome]:
+    """The boot's outcomes once it ends. Waits in short slices: a Ctrl-C that lands on a boot's thread (blocked
+    in waitpid) leaves a plain wait asleep, and the main thread must wake to raise it."""
+    while True:
+        try:
+            return boot.result(timeout=0.2)
+        except TimeoutError:
+            continue
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A session that ends early (-x, Ctrl-C) kills the boots still running and drops those not started."""
+    if _pool is not None:
+        _cancel.set()
+        _pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _inner_id(item: pytest.Item) -> str:
     """classname.name as JUnit XML writes them (module path dotted, then classes, then the test's name)."""
     path, *rest = item.nodeid.split("::")
@@ -105,7 +144,7 @@ def _run_batch(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[s
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={junit}",
                 "-o", "junit_family=xunit1", *[item.nodeid for item in items]]
         result = harness.run(argv, cwd=ROOT, timeout=BATCH_TIMEOUT, modules=modules, deny=deny,
-                             env={"COLUMNS": "160"})
+                             env={"COLUMNS": "160"}, cancel=_cancel)
         outcomes = _parse(junit) if junit.exists() else {}
     tail = "\n".join(result.output.strip().splitlines()[-60:])
     for item in items:

@@ -27,6 +27,7 @@ from testbed.runner.probe import _run_agent, _Server
 from ..conftest import ROOT, namespaces_with, run_cli
 
 pytestmark = [pytest.mark.uml, pytest.mark.root, pytest.mark.timeout(1800)]
+WITHOUT_LAB = pytest.mark.uml(boot="without-lab")  # tests that build their own: a second boot, beside the lab's
 
 THREE_DC = """
 name: three-netem
@@ -307,6 +308,7 @@ def test_kernel_counters_move_with_traffic(three_dc):
     assert after["west->north"].qdisc_drops == before["west->north"].qdisc_drops
 
 
+@WITHOUT_LAB
 def test_down_and_clean_after_sigkill_leave_no_namespace_or_qdisc(prefix, state_dir, tmp_path):
     path = tmp_path / "three.yaml"
     path.write_text(THREE_DC)
@@ -331,6 +333,7 @@ def test_down_and_clean_after_sigkill_leave_no_namespace_or_qdisc(prefix, state_
     assert not list(state_dir.glob("*"))  # no state file, no delay-line file
 
 
+@WITHOUT_LAB
 def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_path):
     """The router agent's code in a namespace standing in for a container (no dockerd needed)."""
     from pyroute2 import NetNS, netns
@@ -392,6 +395,7 @@ def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_pat
                 os.unlink(path)
 
 
+@WITHOUT_LAB
 def test_the_ssh_backend_netem_commands_run_against_a_real_tc(prefix):
     """The host plan's argv lists (what `up --backend ssh` runs on each host) on an interface here."""
     from pyroute2 import NetNS, netns
