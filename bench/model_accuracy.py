@@ -184,11 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, help="write every cell's figures here")
     parser.add_argument("--a-priori", action="store_true", help="real compute from the calibration's profile only, "
                         "not from each cell's warm-up steps (what `testbed plan` knows before running)")
+    parser.add_argument("--warm-up-only", action="store_true", help="real compute from each cell's warm-up steps "
+                        "alone, not averaged with the calibration's profile (the model before 2026-11-27)")
     args = parser.parse_args(argv)
     if args.a_priori:
         import testbed.model.predict as predict
 
         predict.warmup_local = lambda *_: None
+    if args.warm_up_only:
+        import testbed.model.predict as predict
+
+        predict.blend_local = lambda model, *_: model
     runs = list(args.runs) + (run_shipped(args.out, tuple(args.experiments.split(",")), args.tcp, args.repetitions)
                                  if args.run else [])
     if not runs:

@@ -4,7 +4,8 @@ from the topology, the cell's options and links and a calibration."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -89,23 +90,27 @@ class CellPrediction:
 def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration: Calibration, *,
                  ranks_per_node: int = 1, warmup_steps: int = 0,
                  rtts: Mapping[tuple[str, str], float] | None = None,
-                 local: tuple[float, float] | None = None, warm_wall: float | None = None) -> CellPrediction:
+                 local: tuple[float, float] | None = None, warm_wall: float | None = None,
+                 profile_scale: float = 1.0) -> CellPrediction:
     """`cell`: a planned Cell or the `cell` mapping of a result.json. `rtts`: measured (src, dst) round trips.
-    `local`: (compute per micro-batch, other seconds per step) measured in the cell's own warm-up steps, which
-    replace the profile for real compute (the CPU the ranks share decides it, not the model alone);
-    `warm_wall`: those steps' measured step time, from which real compute's per-call overhead is taken
-    (warmup_overhead)."""
+    `local`: (compute per micro-batch, other seconds per step) measured in the cell's own warm-up steps; for real
+    compute they are averaged with the calibration's profile times `profile_scale` where it has one
+    (blend_local); `warm_wall`: those steps' measured step time, from which real compute's per-call overhead is
+    taken (warmup_overhead, with the warm-up's own compute)."""
     data = cell if isinstance(cell, Mapping) else {"id": cell.id, "strategy": cell.strategy, "options": cell.options,
                                                    "links": cell.links, "sweep": cell.sweep,
                                                    "baseline": cell.baseline}
     options = {k: v for k, v in data["options"].items() if k in Options.__pydantic_fields__}
     opts = Options(**options)
     network = build_network(topology, data["links"], ranks_per_node, rtts)
-    compute, overhead = (local if local and not opts.synthetic
-                         else (compute_seconds(opts, calibration), step_overhead_seconds(opts, network, calibration)))
+    measured = local if local and not opts.synthetic else None
+    compute, overhead = measured or (compute_seconds(opts, calibration),
+                                     step_overhead_seconds(opts, network, calibration))
     model = CellModel(opts, network, calibration.transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
-    if local and warm_wall and not opts.synthetic:
-        model = warmup_overhead(model, warm_wall)
+    if measured:
+        if warm_wall:
+            model = warmup_overhead(model, warm_wall)
+        model = blend_local(model, calibration, profile_scale)
     prediction = predict(model)
     t = calibration.transport
     steps = max(1, opts.steps)
@@ -186,6 +191,43 @@ def warmup_overhead(model: CellModel, warm_wall: float) -> CellModel:
     return replace(model, transport=model.transport.with_fit(op_overhead=base * best))
 
 
+def blend_local(model: CellModel, calibration: Calibration, scale: float = 1.0) -> CellModel:
+    """Real compute per micro-batch as the mean of the cell's own warm-up steps (model's: three steps, just
+    before its counted ones) and the calibration's profile times `scale` (profile_scales: the profile as the
+    run's cells of this strategy ran it), where the calibration profiled this model and micro-batch; the other
+    local time likewise with the profiled optimizer step. Two measurements of one quantity, each off by noise
+    the other does not share (bench/model_accuracy.py --warm-up-only gives the warm-up's alone)."""
+    try:
+        profile = compute_seconds(model.opts, calibration) * scale
+    except NoComputeProfile:
+        return model
+    profiled = calibration.optimizer_seconds(model.opts.preset, shapes.config(model.opts).seq_len,
+                                             model.opts.optimizer) is not None
+    other = step_overhead_seconds(model.opts, model.network, calibration) if profiled else model.step_overhead_s
+    return replace(model, compute_s=(model.compute_s + profile) / 2,
+                   step_overhead_s=(model.step_overhead_s + other) / 2)
+
+
+def profile_scales(cells: Iterable[tuple[Mapping[str, Any], tuple[float, float] | None]],
+                   calibration: Calibration) -> dict[str, float]:
+    """Per strategy, the median over a run's real-compute cells of their warm-up compute per micro-batch over
+    the calibration's profile: what the strategy's own threads, the run's ranks and the machine's drift did to
+    the profiled compute (0.86-1.21 on this project's 2-core machine, 0.94-1.38 on a 16-core one, in eight runs of
+    2026-11-27), from every warm-up of the run, never from a counted step."""
+    ratios: dict[str, list[float]] = {}
+    for cell, local in cells:
+        options = {k: v for k, v in cell["options"].items() if k in Options.__pydantic_fields__}
+        opts = Options(**options)
+        if local is None or opts.synthetic:
+            continue
+        try:
+            ratio = local[0] / compute_seconds(opts, calibration)
+        except NoComputeProfile:
+            continue
+        ratios.setdefault(cell["strategy"], []).append(ratio)
+    return {strategy: statistics.median(values) for strategy, values in ratios.items()}
+
+
 def warmup_wall(cell_dir: Path, warmup_steps: int) -> float | None:
     """The measured step time of the cell's warm-up steps (_warmup_records): per step the slowest rank's wall,
     then the median over those steps."""
@@ -211,17 +253,20 @@ def predict_run(run_dir: Path, results: list[dict], calibration: Calibration | N
     if calibration is None or "topology" not in manifest:
         return []
     topology = topology_from_data(manifest["topology"])
+    warmup = manifest.get("warmup_steps", 0)
+    # a user's own command (no strategy): nothing to predict
+    cells = [(result, warmup_local(run_dir / "cells" / result["cell"]["id"], warmup,
+                                   result["cell"]["options"].get("micro_batches", 1)))
+             for result in results if "strategy" in result["cell"].get("options", {})]
+    scales = profile_scales(((result["cell"], local) for result, local in cells), calibration)
     out = []
-    for result in results:
+    for result, local in cells:
         cell = result["cell"]
-        if "strategy" not in cell.get("options", {}):
-            continue  # a user's own command: nothing to predict
-        warmup = manifest.get("warmup_steps", 0)
-        local = warmup_local(run_dir / "cells" / cell["id"], warmup, cell["options"].get("micro_batches", 1))
         wall = warmup_wall(run_dir / "cells" / cell["id"], warmup) if local else None
         try:
             out.append(predict_cell(topology, cell, calibration, ranks_per_node=result.get("ranks_per_node", 1),
-                                    warmup_steps=warmup, rtts=probe_rtts(result), local=local, warm_wall=wall))
+                                    warmup_steps=warmup, rtts=probe_rtts(result), local=local, warm_wall=wall,
+                                    profile_scale=scales.get(cell["strategy"], 1.0)))
         except (NoComputeProfile, KeyError):
             continue
     return out

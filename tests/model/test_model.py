@@ -37,7 +37,7 @@ from testbed.model.collectives import (
     transfer,
 )
 from testbed.model.network import build_network
-from testbed.model.predict import predict_cell, step_overhead_seconds, warmup_overhead
+from testbed.model.predict import predict_cell, profile_scales, step_overhead_seconds, warmup_overhead
 from testbed.model.strategies import PREDICTORS, CellModel, _all_reduce_bytes, pipeline
 from testbed.model.transport import Connection, Edge, Transport, send_time, tso_units
 from testbed.plan.cells import plan_cells
@@ -351,6 +351,45 @@ def test_tso_units_follow_linux_autosizing(nbytes, window, rtt, units):
     """tcp_tso_autosize by hand: about 1 ms of the pacing rate (twice window / round trip in slow start), plus
     64 kB >> (round trip / 512 us), whole segments, at least 2 and at most 64 kB."""
     assert tso_units(Transport(), nbytes, window, rtt, slow_start=True) == units
+
+
+def test_warm_up_compute_and_the_profile_are_averaged():
+    """A cell's warm-up steps and the calibration's profile measure the same compute and optimizer step: the
+    prediction takes their mean, and the warm-up's alone where the calibration did not profile that model."""
+    experiment, topology = load_experiment(ROOT / "experiments" / "quickstart.yaml")
+    cell = next(c for c in plan_cells(experiment, topology) if c.strategy == "flat-dp" and not c.baseline)
+    micro_batches = cell.options["micro_batches"]
+    profiled = Calibration(Transport(), [ComputeProfile("tiny", 32, 64, 0.30, 4, {"adamw": 0.04})])
+    no_optimizer = Calibration(Transport(), [ComputeProfile("tiny", 32, 64, 0.30, 4)])
+
+    def predicted(calibration, local):
+        return predict_cell(topology, cell, calibration, warmup_steps=4, local=local).prediction
+
+    blended = predicted(profiled, (0.10, 0.02))
+    assert blended.compute_s == pytest.approx(0.20 * micro_batches)
+    assert predicted(Calibration(Transport()), (0.10, 0.02)).compute_s == pytest.approx(0.10 * micro_batches)
+    # the other local time: (0.02 + 0.04) / 2 = 0.03, as a warm-up of 0.03 with no optimizer profile to average
+    assert blended.step_s == pytest.approx(predicted(no_optimizer, (0.10, 0.03)).step_s, rel=1e-9)
+    assert blended.step_s - predicted(no_optimizer, (0.10, 0.02)).step_s == pytest.approx(0.01, rel=0.05)
+    scaled = predict_cell(topology, cell, profiled, warmup_steps=4, local=(0.10, 0.02), profile_scale=2.0)
+    assert scaled.prediction.compute_s == pytest.approx((0.10 + 0.60) / 2 * micro_batches)
+
+
+def test_the_profile_is_scaled_per_strategy_by_the_runs_warm_ups():
+    """The median over a strategy's real-compute cells of warm-up compute / profile; synthetic cells and cells
+    without a warm-up count for nothing."""
+    experiment, topology = load_experiment(ROOT / "experiments" / "quickstart.yaml")
+    flat, overlap = (next(c for c in plan_cells(experiment, topology) if c.strategy == name)
+                     for name in ("flat-dp", "hier-dp-overlap"))
+    calibration = Calibration(Transport(), [ComputeProfile("tiny", 32, 64, 0.20, 4)])
+
+    def cell(planned, **options):
+        return {"strategy": planned.strategy, "options": {**planned.options, **options}}
+
+    cells = [(cell(flat), (0.30, 0.0)), (cell(flat), (0.50, 0.0)), (cell(flat), (0.44, 0.0)), (cell(flat), None),
+             (cell(flat, synthetic=True, compute_ms=5.0), (9.0, 0.0)), (cell(overlap), (0.22, 0.0))]
+    assert profile_scales(cells, calibration) == pytest.approx({"flat-dp": 2.2, "hier-dp-overlap": 1.1})
+    assert profile_scales(cells, Calibration(Transport())) == {}
 
 
 def test_kernel_bytes_grow_with_the_round_trip_as_the_counters_did():
