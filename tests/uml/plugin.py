@@ -1,4 +1,4 @@
-"""pytest plugin: tests marked `uml` run inside user-mode Linux (a kernel with sch_netem), one boot per module.
+"""pytest plugin: tests marked `uml` run inside user-mode Linux (a kernel with sch_netem), a boot per module.
 
 On the host, the tests of one module with the same options share one boot of UML, which runs them all
 (`@pytest.mark.uml(modules=..., deny=...)` give the boot's modules; `boot="name"` puts tests of a module in a
@@ -71,8 +71,8 @@ def _start_boots(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "uml(modules=..., deny=...): runs inside user-mode Linux (a kernel with "
-                                       "sch_netem); one boot per module and options")
+    config.addinivalue_line("markers", "uml(modules=..., deny=..., boot=...): runs inside user-mode Linux (a "
+                                       "kernel with sch_netem); one boot per module, options and boot name")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
