@@ -87,6 +87,11 @@ class CellPrediction:
                 "inter_dc_bytes_predicted": self.kernel_bytes_per_step, "explain": p.explain}
 
 
+def cell_options(cell: Mapping[str, Any]) -> Options:
+    """The workload options of a planned or recorded cell (its `options`, less what is not a workload option)."""
+    return Options(**{k: v for k, v in cell["options"].items() if k in Options.__pydantic_fields__})
+
+
 def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration: Calibration, *,
                  ranks_per_node: int = 1, warmup_steps: int = 0,
                  rtts: Mapping[tuple[str, str], float] | None = None,
@@ -100,8 +105,7 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     data = cell if isinstance(cell, Mapping) else {"id": cell.id, "strategy": cell.strategy, "options": cell.options,
                                                    "links": cell.links, "sweep": cell.sweep,
                                                    "baseline": cell.baseline}
-    options = {k: v for k, v in data["options"].items() if k in Options.__pydantic_fields__}
-    opts = Options(**options)
+    opts = cell_options(data)
     network = build_network(topology, data["links"], ranks_per_node, rtts)
     measured = local if local and not opts.synthetic else None
     compute, overhead = measured or (compute_seconds(opts, calibration),
@@ -216,8 +220,7 @@ def profile_scales(cells: Iterable[tuple[Mapping[str, Any], tuple[float, float] 
     2026-11-27), from every warm-up of the run, never from a counted step."""
     ratios: dict[str, list[float]] = {}
     for cell, local in cells:
-        options = {k: v for k, v in cell["options"].items() if k in Options.__pydantic_fields__}
-        opts = Options(**options)
+        opts = cell_options(cell)
         if local is None or opts.synthetic:
             continue
         try:
