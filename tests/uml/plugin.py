@@ -36,6 +36,7 @@ BATCH_TIMEOUT = 1500  # seconds for one module's UML boot; the tests' own timeou
 class InnerOutcome:
     status: str  # passed | failed | skipped | missing
     text: str
+    stdout: str = ""  # what the test printed (a passed test's record: `-rP` and the junit XML show it)
 
 
 _batches: dict[tuple, Future[dict[str, InnerOutcome]]] = {}
@@ -109,7 +110,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         failed_here = when == "call" and status == "failed"
         report = pytest.TestReport(item.nodeid, item.location, dict.fromkeys(item.keywords, 1),
                                    "failed" if failed_here else "passed", longrepr if failed_here else None, when,
-                                   duration=(stop - start) if when == "call" else 0.0, start=start, stop=stop)
+                                   duration=(stop - start) if when == "call" else 0.0, start=start, stop=stop,
+                                   sections=[("Captured stdout call", outcome.stdout)]
+                                   if when == "call" and outcome.stdout else [])
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
@@ -142,7 +145,7 @@ def _run_batch(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[s
     with tempfile.TemporaryDirectory(prefix="tb-uml-junit-", dir="/var/tmp") as tmp:
         junit = Path(tmp) / "junit.xml"
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={junit}",
-                "-o", "junit_family=xunit1", *[item.nodeid for item in items]]
+                "-o", "junit_family=xunit1", "-o", "junit_logging=system-out", *[item.nodeid for item in items]]
         result = harness.run(argv, cwd=ROOT, timeout=BATCH_TIMEOUT, modules=modules, deny=deny,
                              env={"COLUMNS": "160"}, cancel=_cancel)
         outcomes = _parse(junit) if junit.exists() else {}
@@ -169,5 +172,6 @@ def _parse(path: Path) -> dict[str, InnerOutcome]:
             found = case.find(stream)
             if status == "failed" and found is not None and found.text:
                 text += f"\n--- captured {stream} ---\n{found.text[-4000:]}"
-        out[name] = InnerOutcome(status, text)
+        printed = case.find("system-out")
+        out[name] = InnerOutcome(status, text, printed.text if printed is not None and printed.text else "")
     return out
