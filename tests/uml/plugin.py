@@ -3,9 +3,10 @@
 On the host, the tests of one module with the same options share one boot of UML, which runs them all
 (`@pytest.mark.uml(modules=..., deny=...)` give the boot's modules; `boot="name"` puts tests of a module in a
 boot of their own, e.g. those that do not need its module-scoped testbed); each outer test then reports its own
-inner outcome, with the inner failure text. UML runs on one CPU: the first `uml` test reached starts every boot
-of the session, as many at once as the host has CPUs (the boots with most tests first), and each outer test
-waits for its own. Inside UML the tests run as written.
+inner outcome, with the inner failure text and what the host did during the boot (CPU stolen, the busiest
+processes: timing failures inside UML follow the host's load). UML runs on one CPU: the first `uml` test
+reached starts every boot of the session, as many at once as the host has CPUs (the boots with most tests
+first), and each outer test waits for its own. Inside UML the tests run as written.
 
 Without UML (no `linux.uml`, or not root) the tests are skipped with the reason; when `CI` is set they fail
 instead (tests/needs.py): in CI they must run.
@@ -20,11 +21,12 @@ import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
+from testbed.runner.hostcpu import PROC_STAT, cpu_times
 from tests.needs import cannot_run
 from tests.uml import harness
 
@@ -141,7 +143,38 @@ def _inner_id(item: pytest.Item) -> str:
     return ".".join([path.removesuffix(".py").replace("/", "."), *rest])
 
 
+def _processes() -> dict[int, tuple[str, int]]:
+    """pid -> (command name, CPU ticks used so far) of every process on the host."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        out[int(stat.parent.name)] = (name, int(fields[11]) + int(fields[12]))  # utime + stime
+    return out
+
+
+def _host_during(before: tuple, after: tuple, seconds: float) -> str:
+    """One line on what the host did while a boot ran: CPU stolen by the hypervisor, and the processes that
+    used most CPU (another UML boot beside this one is expected; anything else is a lead for a timing failure)."""
+    (cpu0, procs0), (cpu1, procs1) = before, after
+    steal = f"{(cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0]):.1%}" if cpu0 and cpu1 else "unknown"
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = sorted(((t - procs0.get(pid, (name, 0))[1], name, pid) for pid, (name, t) in procs1.items()),
+                  reverse=True)[:6]
+    busiest = ", ".join(f"{name}[{pid}] {t / ticks:.1f} s" for t, name, pid in used if t >= ticks / 10)
+    return (f"host during this boot ({seconds:.0f} s, {os.cpu_count()} CPUs): steal {steal}, load "
+            f"{os.getloadavg()[0]:.1f}; busiest: {busiest}")
+
+
+def _snapshot() -> tuple:
+    return cpu_times(PROC_STAT.read_text()), _processes()
+
+
 def _run_batch(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[str, ...]) -> dict[str, InnerOutcome]:
+    before, start = _snapshot(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tb-uml-junit-", dir="/var/tmp") as tmp:
         junit = Path(tmp) / "junit.xml"
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={junit}",
@@ -149,11 +182,14 @@ def _run_batch(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[s
         result = harness.run(argv, cwd=ROOT, timeout=BATCH_TIMEOUT, modules=modules, deny=deny,
                              env={"COLUMNS": "160"}, cancel=_cancel)
         outcomes = _parse(junit) if junit.exists() else {}
+    host = _host_during(before, _snapshot(), time.monotonic() - start)
+    outcomes = {name: outcome if outcome.status == "passed" else replace(outcome, text=f"{outcome.text}\n{host}")
+                for name, outcome in outcomes.items()}
     tail = "\n".join(result.output.strip().splitlines()[-60:])
     for item in items:
         outcomes.setdefault(_inner_id(item), InnerOutcome(
             "missing", f"user-mode Linux run ended with status {result.returncode} after {result.seconds:.0f}s "
-                       f"without reporting this test; its output ends:\n{tail}"))
+                       f"without reporting this test; its output ends:\n{tail}\n{host}"))
     return outcomes
 
 
