@@ -163,3 +163,11 @@ def namespaces_with(prefix: str) -> list[str]:
     from testbed.fabric.netns.namespaces import list_namespaces
 
     return list_namespaces(prefix)
+
+
+def jittered_uniformly(rtts: list[float], jitter: float, points: int = 100) -> list[float]:
+    """The round trips `rtts` of a path without jitter, each spread over `points` evenly spaced offsets of the
+    uniform law on [-jitter, +jitter], sorted: the law a path with that jitter should follow on the same host
+    (its own delays and the jitter convolved)."""
+    offsets = [jitter * (2 * (k + 0.5) / points - 1) for k in range(points)]
+    return sorted(rtt + offset for rtt in rtts for offset in offsets)

@@ -17,7 +17,7 @@ from testbed.fabric.state import state_dir
 from testbed.runner.probe import _run_agent, _Server
 from testbed.spec.topology import topology_from_data
 
-from ..conftest import TOPOLOGIES, namespaces_with, run_cli
+from ..conftest import TOPOLOGIES, jittered_uniformly, namespaces_with, run_cli
 
 pytestmark = pytest.mark.root
 
@@ -93,8 +93,7 @@ def test_jitter_spread_matches_a_uniform_law(prefix):
         for thread in threads:
             thread.join()
     jittered, plain = rtts["west-0"], rtts["south-0"]
-    uniform = [-0.002 + 0.004 * (k + 0.5) / 100 for k in range(100)]
-    expected = sorted(rtt + offset for rtt in plain for offset in uniform)  # the plain RTTs, jittered uniformly
+    expected = jittered_uniformly(plain, 0.002)
     for fraction in (0.01, 0.05, 0.10, 0.25, 0.50, 0.75):
         got, want = quantile(jittered, fraction), quantile(expected, fraction)
         assert got == pytest.approx(want, abs=0.0003), (fraction, got - want)

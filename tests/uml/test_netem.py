@@ -24,7 +24,7 @@ import pytest
 from testbed.fabric.lifecycle import attach
 from testbed.runner.probe import _run_agent, _Server
 
-from ..conftest import ROOT, namespaces_with, run_cli
+from ..conftest import ROOT, jittered_uniformly, namespaces_with, run_cli
 
 pytestmark = [pytest.mark.uml, pytest.mark.root, pytest.mark.timeout(1800)]
 WITHOUT_LAB = pytest.mark.uml(boot="without-lab")  # tests that build their own: a second boot, beside the lab's
@@ -173,7 +173,7 @@ def test_jitter_and_loss_follow_their_laws(three_dc):
     reshape(prefix, one_way=True, jitter=jitter)
     # 25 ms apart: packets never catch up with each other, so FIFO order does not bend the law
     rtts = sorted(pings(attach(prefix), "east-0", "west-0", 400, 0.025)["rtts"])
-    law = sorted(rtt + jitter * (2 * (k + 0.5) / 40 - 1) for rtt in quiet for k in range(40))
+    law = jittered_uniformly(quiet, jitter)
 
     def spread(values: list[float], low: float) -> float:
         return values[int(len(values) * (1 - low))] - values[int(len(values) * low)]
