@@ -208,6 +208,5 @@ def _parse(path: Path) -> dict[str, InnerOutcome]:
             found = case.find(stream)
             if status == "failed" and found is not None and found.text:
                 text += f"\n--- captured {stream} ---\n{found.text[-4000:]}"
-        printed = case.find("system-out")
-        out[name] = InnerOutcome(status, text, printed.text if printed is not None and printed.text else "")
+        out[name] = InnerOutcome(status, text, case.findtext("system-out") or "")
     return out
