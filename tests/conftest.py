@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.needs import CI_MUST_RUN, cannot_run, fail_if_ci_must_run
+from tests.needs import CAPABILITIES, cannot_run, fail_if_ci_must_run, missing
 
 pytest_plugins = ["tests.uml.plugin"]
 
@@ -22,21 +22,51 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"
 
 
-def _is_root() -> bool:
-    return os.geteuid() == 0
+TESTS = Path(__file__).resolve().parent
+# what a test needs (tests/needs.py's markers), applied here and only here: by the folder it is in, by a fixture it
+# uses, and by the backend a fixture of it is parametrized with (tests/scenario: one test, every backend)
+FOLDER_NEEDS = {"docker": ("root", "docker"), "remote": ("root", "sshd"), "uml": ("root", "uml")}
+FIXTURE_NEEDS = {"docker_image": ("root", "docker"), "netns_quickstart": ("root",)}
+BACKEND_NEEDS = {"docker": ("root", "docker"), "ssh": ("root", "sshd")}
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{CI_MUST_RUN}(why): a test this machine cannot run, failed when CI is set")
+def _direct_parameters(item: pytest.Item) -> set[str]:
+    """The names a test's own @pytest.mark.parametrize gives (a fixture's params are not among them)."""
+    names: set[str] = set()
+    for marker in item.iter_markers("parametrize"):
+        argnames = marker.args[0] if marker.args else marker.kwargs.get("argnames", ())
+        names.update(argnames.replace(" ", "").split(",") if isinstance(argnames, str) else argnames)
+    return names
 
 
+def needs_of(item: pytest.Item) -> set[str]:
+    """The capabilities `item` needs beyond the markers written on it: its folder's, its fixtures', its backend's."""
+    needs: set[str] = set()
+    path = Path(item.path).resolve()
+    if TESTS in path.parents:
+        needs.update(FOLDER_NEEDS.get(path.relative_to(TESTS).parts[0], ()))
+    for fixture in getattr(item, "fixturenames", ()):
+        needs.update(FIXTURE_NEEDS.get(fixture, ()))
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        direct = _direct_parameters(item)
+        for name, value in callspec.params.items():
+            if name not in direct and isinstance(value, str):
+                needs.update(BACKEND_NEEDS.get(value, ()))
+    return needs
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on them
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Root tests without root: skipped with the reason, or failed when CI is set (in CI they must run)."""
-    if _is_root():
-        return
+    """Each test gets the markers of what it needs; one this machine lacks skips it with the reason (fails it when
+    CI is set: in CI every test must run)."""
     for item in items:
-        if "root" in item.keywords:
-            cannot_run(item, "needs root (network namespaces, tc)")
+        for capability in sorted(needs_of(item)):
+            if item.get_closest_marker(capability) is None:
+                item.add_marker(capability)
+        why = next((missing(c) for c in CAPABILITIES if item.get_closest_marker(c) and missing(c)), None)
+        if why is not None:
+            cannot_run(item, why)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,13 +1,57 @@
-"""Tests this machine cannot run (not root, no docker engine, no sshd, no user-mode Linux): skipped with the
-reason; when CI is set they fail instead, with the same reason (CI must run every test)."""
+"""What a test needs of this machine, as markers (registered in pyproject.toml, applied in tests/conftest.py), and
+what happens when the machine lacks it: skipped with the reason; when CI is set failed instead, with the same reason
+(CI must run every test).
+
+    root    root: network namespaces, tc
+    docker  a docker engine (DOCKER_HOST or /var/run/docker.sock)
+    sshd    /usr/sbin/sshd (the "remote hosts" are sshd in namespaces)
+    uml     user-mode Linux (tests/uml/harness.py: a 6.1 kernel with sch_netem)
+
+`pytest -m "not (docker or uml)"` runs the quick part; `-m "not (root or docker or sshd or uml)"` what needs none.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
 import pytest
 
 CI_MUST_RUN = "ci_must_run"
+SSHD = "/usr/sbin/sshd"
+
+
+def _root() -> str | None:
+    return None if os.geteuid() == 0 else "needs root (network namespaces, tc)"
+
+
+def _docker() -> str | None:
+    from testbed.fabric.docker.engine import engine_available
+
+    return None if engine_available() else "no docker engine here (DOCKER_HOST unset, no /var/run/docker.sock)"
+
+
+def _sshd() -> str | None:
+    return None if os.access(SSHD, os.X_OK) else f"no {SSHD} (apt-get install openssh-server; scripts/setup --tests does)"
+
+
+def _uml() -> str | None:
+    from tests.uml import harness
+
+    if harness.inside():
+        return None
+    why = harness.unavailable_reason()
+    return None if why is None else f"user-mode Linux unavailable: {why}"
+
+
+CAPABILITIES: dict[str, Callable[[], str | None]] = {"root": _root, "docker": _docker, "sshd": _sshd, "uml": _uml}
+
+
+@functools.cache
+def missing(capability: str) -> str | None:
+    """Why this machine lacks `capability` (a key of CAPABILITIES), or None when it has it; asked once a session."""
+    return CAPABILITIES[capability]()
 
 
 def cannot_run(item: pytest.Item, why: str) -> None:

@@ -3,24 +3,6 @@ that nothing labelled stays."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from testbed.fabric.docker.engine import engine_available
-from tests.needs import cannot_run
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without a docker engine these are skipped with the reason (failed when CI is set)."""
-    if engine_available():
-        return
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            cannot_run(item, "no docker engine here (DOCKER_HOST unset, no /var/run/docker.sock)")
-
 
 def labelled(prefix: str) -> list[str]:
     """Containers and networks labelled `testbed=<prefix>` (what `down` and `clean` must remove)."""

@@ -11,23 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 import yaml
 
 from testbed.fabric.lifecycle import Testbed
-from tests.needs import cannot_run
-
-SSHD = "/usr/sbin/sshd"
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without sshd (the "hosts" are sshd in namespaces) these are skipped with the reason (failed when CI is set)."""
-    if os.access(SSHD, os.X_OK):
-        return
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            cannot_run(item, f"no {SSHD} (apt-get install openssh-server; scripts/setup --tests does)")
+from tests.needs import SSHD
 
 
 def keygen(path: Path) -> str:

@@ -9,7 +9,7 @@ reached starts every boot of the session, as many at once as the host has CPUs (
 first), and each outer test waits for its own. Inside UML the tests run as written.
 
 Without UML (no `linux.uml`, or not root) the tests are skipped with the reason; when `CI` is set they fail
-instead (tests/needs.py): in CI they must run.
+instead (tests/needs.py, applied by tests/conftest.py): in CI they must run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from testbed.runner.hostcpu import PROC_STAT, cpu_times
-from tests.needs import cannot_run
 from tests.uml import harness
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,22 +70,6 @@ def _start_boots(session: pytest.Session) -> None:
                                thread_name_prefix="uml-boot")
     for key, items in sorted(groups.items(), key=lambda group: -len(group[1])):
         _batches[key] = _pool.submit(_run_batch, items, *_boot_options(items[0]))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "uml(modules=..., deny=..., boot=...): runs inside user-mode Linux (a "
-                                       "kernel with sch_netem); one boot per module, options and boot name")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if harness.inside():
-        return
-    why = harness.unavailable_reason()
-    if why is None:
-        return
-    for item in items:
-        if item.get_closest_marker("uml"):
-            cannot_run(item, f"user-mode Linux unavailable: {why}")
 
 
 @pytest.hookimpl(tryfirst=True)
