@@ -35,7 +35,7 @@ def everything() -> set[str]:
 
 def test_docker_selects_the_docker_tests_and_nothing_else(everything):
     docker = {test for test in everything if test.startswith("tests/docker/")
-              or test.startswith("tests/scenario/") and test.endswith("[docker]")}
+              or (test.startswith("tests/scenario/") and test.endswith("[docker]"))}
     assert len(docker) > 2 and any(test.startswith("tests/scenario/") for test in docker)
     assert collected("-m", "docker") == docker
 
