@@ -130,13 +130,20 @@ def _help(command: Any) -> str:
 
 # --- file formats -----------------------------------------------------------------------------------------------
 
+def _is_unit(schema: dict) -> bool:
+    return any(s.get("type") == "string" and " with its unit" in s.get("description", "")
+               for s in (schema, *schema.get("anyOf", ())))
+
+
 def _type(schema: dict, defs: dict) -> str:
+    if schema.get("type") == "string" and " with its unit" in schema.get("description", ""):
+        return schema["description"].split(" with ")[0][2:] + f" (`{schema['description'].rsplit('e.g. ', 1)[1]}`)"
     if "$ref" in schema:
         return f"[{schema['$ref'].rsplit('/', 1)[1]}](#{schema['$ref'].rsplit('/', 1)[1].lower()})"
     if "anyOf" in schema:
         return " or ".join(_type(s, defs) for s in schema["anyOf"])
     if "enum" in schema:
-        return " \\| ".join(f"`{v}`" for v in schema["enum"])
+        return " | ".join(f"`{v}`" for v in schema["enum"])
     if "const" in schema:
         return f"`{schema['const']}`"
     kind = schema.get("type", "any")
@@ -156,11 +163,66 @@ def _fields(title: str, schema: dict, defs: dict) -> list[str]:
     lines += ["| field | type | default | notes |", "|---|---|---|---|"]
     for name, field in schema.get("properties", {}).items():
         default = "required" if name in required else f"`{json.dumps(field.get('default'))}`"
-        notes = field.get("description", "")
+        notes = "" if _is_unit(field) else field.get("description", "")
         bounds = [f"{k} {field[k]}" for k in ("minimum", "maximum", "exclusiveMinimum") if k in field]
         lines.append(f"| `{name}` | {_cell(_type(field, defs))} | {_cell(default)} | "
                      f"{_cell('; '.join(x for x in (notes, *bounds) if x))} |")
     return [*lines, ""]
+
+
+UNIT_KINDS = {"parse_delay": ("duration", "20ms"), "parse_duration": ("duration", "30s"),
+              "parse_distance": ("distance", "400km"), "parse_rate": ("rate", "1gbit"),
+              "parse_fraction": ("fraction", "1%"), "parse_size": ("size", "4MiB"),
+              "parse_at": ("step or time", "step 5")}
+
+
+def _spec_models() -> dict[str, type]:
+    """Every pydantic model of testbed.spec, by its schema title."""
+    from pydantic import BaseModel
+
+    import testbed.spec.experiment
+    import testbed.spec.inventory
+    import testbed.spec.scenario
+    import testbed.spec.topology  # noqa: F401  (their models register as subclasses)
+
+    found, todo = {}, list(BaseModel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.startswith("testbed.spec"):
+            found[cls.model_config.get("title") or cls.__name__] = cls
+    return found
+
+
+def unit_fields(model: type) -> dict[str, tuple[str, str]]:
+    """Fields a model parses with a unit (field: (kind, example)): the file holds text such as `20ms`, which the
+    schema, describing the number it becomes, would not say. Read from the model's validators."""
+    out = {}
+    for validator in model.__pydantic_decorators__.field_validators.values():
+        func = getattr(validator.func, "__func__", validator.func)
+        names = set(func.__code__.co_names)
+        for cell in func.__closure__ or ():
+            value = cell.cell_contents
+            if callable(value) and getattr(value, "__module__", "") == "testbed.spec.units":
+                names.add(value.__name__)
+        kinds = {UNIT_KINDS[n] for n in names if n in UNIT_KINDS}
+        if len(kinds) == 1:
+            out.update(dict.fromkeys(validator.info.fields, kinds.pop()))
+    return out
+
+
+def _with_units(schema: dict, models: dict[str, type]) -> dict:
+    """The schema with every unit field described as the text a file holds."""
+    for title, sub in [(schema.get("title"), schema), *schema.get("$defs", {}).items()]:
+        model = models.get(title)
+        for field, (kind, example) in (unit_fields(model) if model else {}).items():
+            if field in sub.get("properties", {}):
+                prop = sub["properties"][field]
+                nullable = "anyOf" in prop and {"type": "null"} in prop["anyOf"]
+                text = {"type": "string", "description": f"a {kind} with its unit, e.g. {example}"}
+                sub["properties"][field] = {**({"anyOf": [text, {"type": "null"}]} if nullable else text),
+                                            **{k: v for k, v in prop.items() if k in ("default", "title")}}
+    return schema
 
 
 def _units_table() -> str | None:
@@ -191,11 +253,12 @@ def formats_page() -> str:
         lines += ["Durations, distances, rates and fractions are written with their unit (`latency: 20ms`, "
                   "`distance: 400km`, `bandwidth: 1gbit`, `loss: 1%`); the schemas below show the value as it is "
                   "held once parsed.", ""]
+    models = _spec_models()
     for title, model, example in (("Topology", Topology, "topologies/two-dc.yaml"),
                                   ("Experiment", Experiment, "experiments/quickstart.yaml"),
                                   ("Scenario", Scenario, "scenarios/nemotron-340b-two-dc.yaml"),
                                   ("Inventory", Inventory, "inventories/example-two-dc.yaml")):
-        schema = model.model_json_schema()
+        schema = _with_units(model.model_json_schema(), models)
         defs = schema.get("$defs", {})
         lines += [f"## {title}", "", f"Example: `{example}`.", ""]
         lines += _fields(f"{title} (top level)", schema, defs)

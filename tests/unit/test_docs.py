@@ -27,6 +27,8 @@ def test_every_command_and_option_is_in_the_reference():
     for name, command in root.commands.items():
         assert f"## testbed {name} " in page
         for param in command.get_params(click.Context(command)):
+            if getattr(param, "hidden", False):  # kept for old scripts, not offered
+                continue
             for opt in param.opts:
                 if opt.startswith("-"):
                     assert f"`{opt}" in page or f", {opt}" in page or f"/{opt}" in page, f"testbed {name} {opt}"
@@ -48,6 +50,8 @@ def test_formats_and_strategies_come_from_the_models():
     formats = hooks.formats_page()
     for field in Topology.model_fields:
         assert f"| `{field}` |" in formats
+    # a unit field is described as the text a file holds (`latency: 20ms`), not as the number it becomes
+    assert "| `latency` | duration (`20ms`) or none |" in formats and "| `bandwidth` | rate (`1gbit`) or none |" in formats
     strategies = hooks.strategies_page()
     assert all(f"`{name}`" in strategies for name in STRATEGIES)
     assert all(f"`{o.name}`" in strategies for o in OPTIONS.values() if o.place != "harness")
