@@ -355,6 +355,37 @@ def whatif_prediction(path: Path, out_dir: Path) -> tuple[str, Path]:
     return "\n".join(lines), Path(files["plot"])
 
 
+def plan_prediction(path: Path) -> str:
+    """What `testbed plan` predicts for an experiment, computed now: per sweep point each strategy's tokens/s and
+    the fastest (or a tie, within the model's error), and the calibration it used."""
+    from testbed.model.commands import plan_experiment
+
+    result = plan_experiment(path, None, with_search=False)
+    cells = [c for c in result["cells"] if not c.get("baseline")]
+    strategies = list(dict.fromkeys(c["strategy"] for c in cells))
+    points: dict[str, dict[str, list[float]]] = {}
+    for cell in cells:
+        point = ", ".join(f"{k}={v}" for k, v in cell["sweep"].items()) or "(one point)"
+        points.setdefault(point, {}).setdefault(cell["strategy"], []).append(cell["tokens_per_s_predicted"])
+    labels = {key: info.get("label", key) for key, info in (result.get("points") or {}).items()}
+    lines = ["| sweep point | " + " | ".join(f"`{s}` tokens/s" for s in strategies) + " | fastest |",
+             "|---|" + "--:|" * len(strategies) + "---|"]
+    for point, by_strategy in points.items():
+        info = (result.get("points") or {}).get(point, {})
+        best = info.get("best") or (result.get("best") or {}).get(point, "")
+        tied = info.get("tied") or []
+        verdict = f"tie: {', '.join([best, *tied])} (within the model's error)" if tied else f"`{best}`"
+        row = [f"{sum(v) / len(v):,.0f}" if v else "" for v in (by_strategy.get(s, []) for s in strategies)]
+        lines.append(f"| {_cell(labels.get(point, point))} | " + " | ".join(row) + f" | {_cell(verdict)} |")
+    calibration = result.get("calibration") or {}
+    if calibration.get("provenance"):
+        lines += ["", f"Calibration: {'the reference calibration shipped with testbed, ' if calibration.get('reference') else ''}"
+                  f"{_cell(calibration['provenance'])}."]
+    if result.get("model_error") is not None:
+        lines += ["", f"The model's error on this calibration: {result['model_error']:.1%}."]
+    return "\n".join(lines)
+
+
 def gallery_page(kind: str, path: Path, prediction: str = "") -> str:
     """A shipped file's page: its claim, the commands, the cost model's prediction where given (scenarios), and a
     measured result where docs/gallery/results has one."""
@@ -386,10 +417,13 @@ def gallery_page(kind: str, path: Path, prediction: str = "") -> str:
             values = data[key]
             items = values.items() if isinstance(values, dict) else enumerate(values)
             lines += [f"- {_cell(v) if isinstance(k, int) else f'`{k}`: {_cell(v)}'}" for k, v in items]
-    if prediction:
+    if prediction and kind == "scenario":
         lines += ["", "## Predicted", "", "Computed by the cost model when this page was built "
                   "(`testbed whatif` gives the same):", "", prediction, "",
                   f"![predicted efficiency against distance and bandwidth](img/{path.stem}-whatif.png)"]
+    elif prediction:
+        lines += ["", "## Predicted", "", "Computed by the cost model when this page was built, without running "
+                  "anything (`testbed plan` gives the same):", "", prediction]
     if body.strip():
         lines += ["", "## Measured", "", body.strip()]
         if meta:
@@ -415,6 +449,8 @@ def pages(scratch: Path) -> dict[str, str | bytes]:
         if kind == "scenario":
             prediction, plot = whatif_prediction(path, scratch / path.stem)
             out[f"gallery/img/{path.stem}-whatif.png"] = plot.read_bytes()
+        else:
+            prediction = plan_prediction(path)
         out[f"gallery/{path.stem}.md"] = gallery_page(kind, path, prediction)
     return out
 
