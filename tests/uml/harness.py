@@ -7,7 +7,13 @@ small shell script written here: it mounts proc, sysfs, devtmpfs and tmpfs on /r
 nothing the command writes there reaches the host), points the kernel's module loader at the package's
 modules (nothing is written under the host's /lib/modules), loads the modules asked for (ipv6 by default:
 distribution kernels have it from boot), runs the command and powers off. Its output and exit status come
-back through files in a host directory under /var/tmp, which is removed afterwards.
+back through files in a host directory under /var/tmp (the run's lab), which is removed afterwards. A checkout
+(or venv) under /tmp, /run or /dev/shm is bind-mounted back at its own path over the fresh tmpfs, so any path
+works, spaces included.
+
+Nothing stays when the run is stopped (tests/uml/reaper.py): SIGTERM and SIGHUP end it as Ctrl-C does, through
+its clean-up; a watch process that outlives a SIGKILL removes the kernel and the lab; and the next run sweeps
+what a killed watch left.
 
 On a CPU with AMX, Debian's UML 6.1 cannot set its processes' extended register state back and dies at init;
 there it is started under tests/uml/fxsave.py (FXSAVE state only, glibc's AVX functions off inside).
@@ -16,6 +22,7 @@ UML has one CPU and its timing is looser than the host's; use it to prove that a
 restored, and keep the host's benchmarks as the fidelity reference.
 
     python -m tests.uml.harness [--timeout S] [--mem 2G] [--modules ipv6,...] -- COMMAND [ARG...]
+    python -m tests.uml.harness --sweep   (remove what killed runs left)
     (scripts/uml-run is the same)
 """
 
@@ -28,13 +35,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.uml import fxsave
+from tests.uml import fxsave, reaper
 
 KERNEL = Path("/usr/bin/linux.uml")
 MODULES = Path("/usr/lib/uml/modules")
@@ -62,7 +68,7 @@ def kernel_version() -> str:
     return versions[-1]
 
 
-HIDDEN_INSIDE = ("/tmp", "/run", "/dev/shm")  # INIT mounts a fresh tmpfs on each: the host's files there are unseen
+HIDDEN_INSIDE = ("/tmp", "/run", "/dev/shm")  # INIT mounts a fresh tmpfs on each, and binds back what must be seen
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
@@ -80,11 +86,36 @@ def unavailable_reason() -> str | None:
         return str(error)
     if os.geteuid() != 0:
         return "needs root (the command inside creates namespaces as the host's root user through hostfs)"
-    hidden = next((d for d in HIDDEN_INSIDE if CHECKOUT == Path(d) or Path(d) in CHECKOUT.parents), None)
-    if hidden:
-        return (f"this checkout ({CHECKOUT}) is under {hidden}, which user-mode Linux covers with a tmpfs of its "
-                "own: clone it elsewhere to run these tests")
     return None
+
+
+def hidden_under(path: Path) -> str | None:
+    """The directory of HIDDEN_INSIDE that `path` is in (or is), or None."""
+    return next((d for d in HIDDEN_INSIDE if path == Path(d) or Path(d) in path.parents), None)
+
+
+def kept_visible(cwd: Path) -> list[Path]:
+    """The host paths the command needs that a tmpfs inside would hide (the checkout, `cwd`, the interpreter's
+    prefixes), outermost only: INIT binds each back at its own path."""
+    needed = {p for p in (CHECKOUT, cwd.resolve(), Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
+              if hidden_under(p)}
+    return sorted(p for p in needed if not any(q in p.parents for q in needed))
+
+
+def bind_lines(paths: list[Path], work: Path) -> tuple[str, str]:
+    """INIT's lines that keep `paths` seen: before the tmpfs mounts, each hidden directory holding one is bound
+    under the lab (`work`/host-N, made here); after them, each path is bound back from there at its own place."""
+    hidden = sorted({hidden_under(p) for p in paths if hidden_under(p)})
+    before, after = [], []
+    for index, directory in enumerate(hidden):
+        stash = work / f"host-{index}"
+        stash.mkdir()
+        before.append(f"mount --bind {shlex.quote(directory)} {shlex.quote(str(stash))}")
+        for path in (p for p in paths if hidden_under(p) == directory):
+            inner = stash / path.relative_to(directory)
+            after.append(f"mkdir -p {shlex.quote(str(path))} && mount --bind {shlex.quote(str(inner))} "
+                         f"{shlex.quote(str(path))}")
+    return "\n".join(before), "\n".join(after)
 
 
 def inside() -> bool:
@@ -101,10 +132,12 @@ PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
+{stash}
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mkdir -p /dev/shm /dev/pts && mount -t tmpfs tmpfs /dev/shm && mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+{unstash}
 cat > /run/uml-env <<'ENV'
 {guest_env}
 ENV
@@ -138,6 +171,7 @@ poweroff -f
 
 
 _fxsave: bool | None = None  # learnt from a boot: whether this CPU needs tests/uml/fxsave.py
+_swept = False  # whether this process has swept the labs of killed runs (reaper.sweep) yet
 
 
 def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None, timeout: float = 600,
@@ -149,10 +183,13 @@ def run(argv: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
     the kernel and everything in it are killed within half a second (status 130). Raises
     UmlUnavailable. Under tests/uml/fxsave.py where the CPU has AMX, or where a first boot died setting its
     processes' register state back (another CPU whose XSAVE area is too large for UML 6.1)."""
-    global _fxsave
+    global _fxsave, _swept
     why = unavailable_reason()
     if why:
         raise UmlUnavailable(why)
+    if not _swept:
+        _swept = True
+        reaper.sweep()
     options = {"cwd": cwd, "env": env, "timeout": timeout, "mem": mem, "modules": modules, "deny": deny,
                "stream": stream, "cancel": cancel}
     result = _boot(argv, fx=fxsave.needed() if _fxsave is None else _fxsave, **options)
@@ -189,64 +226,69 @@ def _boot(argv: list[str], *, cwd: str | Path | None, env: dict[str, str] | None
           modules: tuple[str, ...], deny: tuple[str, ...], stream, cancel: threading.Event | None,
           fx: bool) -> Result:
     version = kernel_version()
-    work = Path(tempfile.mkdtemp(prefix="tb-uml-", dir="/var/tmp"))
+    with reaper.lab() as work:
+        return _boot_in(work, version, argv, cwd=Path(cwd or os.getcwd()), env=env, timeout=timeout, mem=mem,
+                        modules=modules, deny=deny, stream=stream, cancel=cancel, fx=fx)
+
+
+def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[str, str] | None, timeout: float,
+             mem: str, modules: tuple[str, ...], deny: tuple[str, ...], stream, cancel: threading.Event | None,
+             fx: bool) -> Result:
     output, rcfile, envfile, init = work / "output", work / "rc", work / "env", work / "init"
-    try:
-        variables = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
-        variables.update(env or {})
-        variables[INSIDE_ENV] = "1"
-        envfile.write_text(_exports(variables))
-        output.write_text("")
-        # every process inside, the kernel's module loader included: a CPU with AMX keeps only the FXSAVE state
-        guest = fxsave.GUEST_ENV if fx else {}
-        init.write_text(INIT.format(guest_env=_exports(guest),
-                                    modules=shlex.quote(str(MODULES / version)), version=version,
-                                    load=" ".join(shlex.quote(m) for m in modules),
-                                    deny=" ".join(shlex.quote(m) for m in deny) or "''", output=shlex.quote(str(output)),
-                                    envfile=shlex.quote(str(envfile)), cwd=shlex.quote(str(cwd or os.getcwd())),
-                                    command=shlex.join(argv), rcfile=shlex.quote(str(rcfile))))
-        init.chmod(0o755)
-        launcher = [sys.executable, str(Path(fxsave.__file__))] if fx else []
-        kernel_argv = [*launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
-                       f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
-                       f"umid={work.name}", f"uml_dir={work}"]  # boots run side by side
-        start = time.monotonic()
-        with open(work / "console", "wb") as console:
-            proc = subprocess.Popen(kernel_argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=work,
-                                    env=_kernel_env(work))
-            shown = 0
-            try:
-                while True:
-                    try:
-                        proc.wait(timeout=0.5)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    if stream is not None:
-                        shown = _show(output, shown, stream)
-                    if time.monotonic() - start > timeout or (cancel is not None and cancel.is_set()):
-                        break
-            finally:
-                _kill_group(proc)
-        seconds = time.monotonic() - start
-        if stream is not None:
-            _show(output, shown, stream)
-        text = output.read_text(errors="replace")
+    variables = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    variables.update(env or {})
+    variables[INSIDE_ENV] = "1"
+    envfile.write_text(_exports(variables))
+    output.write_text("")
+    # every process inside, the kernel's module loader included: a CPU with AMX keeps only the FXSAVE state
+    guest = fxsave.GUEST_ENV if fx else {}
+    stash, unstash = bind_lines(kept_visible(cwd), work)
+    init.write_text(INIT.format(guest_env=_exports(guest), stash=stash, unstash=unstash,
+                                modules=shlex.quote(str(MODULES / version)), version=version,
+                                load=" ".join(shlex.quote(m) for m in modules),
+                                deny=" ".join(shlex.quote(m) for m in deny) or "''", output=shlex.quote(str(output)),
+                                envfile=shlex.quote(str(envfile)), cwd=shlex.quote(str(cwd)),
+                                command=shlex.join(argv), rcfile=shlex.quote(str(rcfile))))
+    init.chmod(0o755)
+    launcher = [sys.executable, str(Path(fxsave.__file__))] if fx else []
+    kernel_argv = [*launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
+                   f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
+                   f"umid={work.name}", f"uml_dir={work}"]  # boots run side by side
+    start = time.monotonic()
+    with open(work / "console", "wb") as console:
+        proc = subprocess.Popen(kernel_argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=work,
+                                env=_kernel_env(work))
+        shown = 0
         try:
-            code = int(rcfile.read_text().strip())
-        except (OSError, ValueError):
-            cancelled = cancel is not None and cancel.is_set()
-            reason = (f"timed out after {timeout:.0f}s" if seconds > timeout else "cancelled" if cancelled
-                      else f"user-mode Linux ended without the command's exit status (kernel exit {proc.returncode})")
-            console = (work / "console").read_text(errors="replace")
-            text += f"\numl: {reason}; console:\n" + "\n".join(console.strip().splitlines()[-15:])
-            code = 124 if seconds > timeout else 130 if cancelled else 125
-            if not fx and "ptrace set fp regs failed" in console:
-                return Result(code, text, seconds, fp_regs_refused=True)
-        return Result(code, text, seconds)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if stream is not None:
+                    shown = _show(output, shown, stream)
+                if time.monotonic() - start > timeout or (cancel is not None and cancel.is_set()):
+                    break
+        finally:
+            _kill_group(proc)
+    seconds = time.monotonic() - start
+    if stream is not None:
+        _show(output, shown, stream)
+    text = output.read_text(errors="replace")
+    try:
+        code = int(rcfile.read_text().strip())
+    except (OSError, ValueError):
+        cancelled = cancel is not None and cancel.is_set()
+        reason = (f"timed out after {timeout:.0f}s" if seconds > timeout else "cancelled" if cancelled
+                  else f"user-mode Linux ended without the command's exit status (kernel exit {proc.returncode})")
+        console = (work / "console").read_text(errors="replace")
+        text += f"\numl: {reason}; console:\n" + "\n".join(console.strip().splitlines()[-15:])
+        code = 124 if seconds > timeout else 130 if cancelled else 125
+        if not fx and "ptrace set fp regs failed" in console:
+            return Result(code, text, seconds, fp_regs_refused=True)
+    return Result(code, text, seconds)
 
 
 def _exports(variables: dict[str, str]) -> str:
@@ -276,6 +318,17 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP (a CI's timeout or cancel, a closed terminal) raise KeyboardInterrupt in the main thread,
+    as Ctrl-C does: the run's clean-up then kills the kernel and removes its lab (by default they end the process
+    at once, and the watch does it a moment later)."""
+    def interrupt(number: int, frame) -> None:
+        raise KeyboardInterrupt(signal.Signals(number).name)
+
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, interrupt)
+
+
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="uml-run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=600)
@@ -283,11 +336,18 @@ def main(args: list[str]) -> int:
     parser.add_argument("--modules", default=",".join(DEFAULT_MODULES),
                         help="modules to load before the command (comma-separated; others load on demand)")
     parser.add_argument("--deny", default="", help="module names the kernel's loader refuses (comma-separated)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="only remove what killed runs left (their UML processes and lab directories)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     options = parser.parse_args(args)
+    if options.sweep:
+        for lab in reaper.sweep():
+            print(f"uml-run: removed {lab} and its processes")
+        return 0
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
     if not command:
         parser.error("give a command after --")
+    interrupt_on_termination()
     try:
         result = run(command, timeout=options.timeout, mem=options.mem,
                      modules=tuple(m for m in options.modules.split(",") if m),
@@ -295,6 +355,9 @@ def main(args: list[str]) -> int:
     except UmlUnavailable as error:
         print(f"uml-run: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("uml-run: stopped; user-mode Linux and its lab removed", file=sys.stderr)
+        return 130
     return result.returncode
 
 

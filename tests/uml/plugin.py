@@ -6,7 +6,11 @@ boot of their own, e.g. those that do not need its module-scoped testbed); each 
 inner outcome, with the inner failure text and what the host did during the boot (CPU stolen, the busiest
 processes: timing failures inside UML follow the host's load). UML runs on one CPU: the first `uml` test
 reached starts every boot of the session, as many at once as the host has CPUs (the boots with most tests
-first), and each outer test waits for its own. Inside UML the tests run as written.
+first), and each outer test waits for its own. Inside UML the tests run as written. `on_host=True` marks a test
+that needs UML but boots it itself (tests/uml/test_stopped.py): it runs on the host, once the boots are over.
+
+From the first boot on, SIGTERM and SIGHUP end the session as Ctrl-C does: its boots are killed and their labs
+removed (tests/uml/reaper.py covers SIGKILL).
 
 Without UML (no `linux.uml`, or not root) the tests are skipped with the reason; when `CI` is set they fail
 instead (tests/needs.py, applied by tests/conftest.py): in CI they must run.
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ElementTree
@@ -27,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from testbed.runner.hostcpu import PROC_STAT, cpu_times
-from tests.uml import harness
+from tests.uml import harness, reaper
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH_TIMEOUT = 1500  # seconds for one module's UML boot; the tests' own timeout marks must cover it
@@ -59,13 +62,19 @@ def _key(item: pytest.Item) -> tuple:
     return (str(item.path), *_boot_options(item), marker.kwargs.get("boot", ""))
 
 
+def _on_host(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("uml")
+    return marker is not None and bool(marker.kwargs.get("on_host"))
+
+
 def _start_boots(session: pytest.Session) -> None:
     """Every boot of the session's `uml` tests, queued at once: one per host CPU at a time, most tests first."""
     global _pool
     groups: dict[tuple, list[pytest.Item]] = {}
     for item in session.items:
-        if item.get_closest_marker("uml"):
+        if item.get_closest_marker("uml") and not _on_host(item):
             groups.setdefault(_key(item), []).append(item)
+    harness.interrupt_on_termination()
     _pool = ThreadPoolExecutor(max_workers=max(1, min(len(groups), os.cpu_count() or 1)),
                                thread_name_prefix="uml-boot")
     for key, items in sorted(groups.items(), key=lambda group: -len(group[1])):
@@ -77,6 +86,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Outside UML, a `uml` test's outcome is its inner run's: no fixture or body runs on the host."""
     if not item.get_closest_marker("uml") or harness.inside() or harness.unavailable_reason() is not None:
         return None  # inside UML: as written; unavailable: the skip/xfail mark added at collection decides
+    if _on_host(item):
+        for boot in _batches.values():  # a boot of its own beside them would slow theirs (their timing tests)
+            _outcomes(boot)
+        return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.time()
     if not _batches:
@@ -158,8 +171,8 @@ def _snapshot() -> tuple:
 
 def _run_batch(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[str, ...]) -> dict[str, InnerOutcome]:
     before, start = _snapshot(), time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="tb-uml-junit-", dir="/var/tmp") as tmp:
-        junit = Path(tmp) / "junit.xml"
+    with reaper.lab("junit-") as lab:
+        junit = lab / "junit.xml"
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={junit}",
                 "-o", "junit_family=xunit1", "-o", "junit_logging=system-out", *[item.nodeid for item in items]]
         result = harness.run(argv, cwd=ROOT, timeout=BATCH_TIMEOUT, modules=modules, deny=deny,

@@ -1,8 +1,14 @@
-"""tests/uml/harness.py's choices made before a boot (no root, no UML): where the kernel keeps its memory."""
+"""tests/uml/harness.py's choices made before a boot (no root, no UML): where the kernel keeps its memory, what it
+binds back over its tmpfs mounts, and which labs of killed runs the sweep removes (tests/uml/reaper.py)."""
 
 from __future__ import annotations
 
-from tests.uml import harness
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.uml import harness, reaper
 
 
 def test_uml_keeps_its_memory_in_dev_shm_where_it_can_and_on_disk_where_it_cannot(tmp_path, monkeypatch):
@@ -15,3 +21,30 @@ def test_uml_keeps_its_memory_in_dev_shm_where_it_can_and_on_disk_where_it_canno
     monkeypatch.setattr(harness, "SHM", tmp_path)
     env = harness._kernel_env(work)
     assert env["TMPDIR"] == str(tmp_path) and "TMP" not in env and "TEMP" not in env
+
+
+def test_a_checkout_under_tmp_is_bound_back_at_its_own_path(tmp_path, monkeypatch):
+    """UML covers /tmp, /run and /dev/shm with tmpfs: what the command needs there is bound back (spaces kept)."""
+    checkout = Path("/tmp/a b/check out")
+    monkeypatch.setattr(harness, "CHECKOUT", checkout)
+    assert harness.kept_visible(checkout / "tests") == [checkout]  # the checkout holds the cwd: one bind
+    monkeypatch.setattr(harness, "CHECKOUT", Path("/work/main"))
+    assert harness.kept_visible(Path("/work/main")) == []
+    before, after = harness.bind_lines([checkout], tmp_path)
+    assert before == f"mount --bind /tmp {tmp_path}/host-0" and (tmp_path / "host-0").is_dir()
+    assert after == (f"mkdir -p '/tmp/a b/check out' && mount --bind '{tmp_path}/host-0/a b/check out' "
+                     "'/tmp/a b/check out'")
+
+
+def test_the_sweep_removes_the_labs_of_owners_gone_and_keeps_the_others(tmp_path, monkeypatch):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    labs = {name: tmp_path / f"{reaper.LAB_PREFIX}{name}" for name in ("dead", "alive", "unowned-young", "unowned-old")}
+    for lab in labs.values():
+        lab.mkdir()
+    reaper.claim(labs["alive"])
+    (labs["dead"] / reaper.OWNER).write_text(f"{dead.pid} 1\n")
+    old = time.time() - reaper.UNOWNED_GRACE_S - 5
+    os.utime(labs["unowned-old"], (old, old))
+    assert reaper.sweep(tmp_path) == [labs["dead"], labs["unowned-old"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [labs["alive"].name, labs["unowned-young"].name]
