@@ -309,7 +309,9 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
         dead = testbed.fabric.dead_delay_lines()
         info = testbed.describe()
     finally:
-        if own:
+        from testbed.fabric.ownership import holds
+
+        if own and holds(prefix):  # not one that another process holds (bring_up refused it)
             tear_down(prefix)
     records = as_records(results)
     if out_dir is not None:
@@ -619,7 +621,8 @@ def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Invento
 
 @app.command()
 def down(prefix: str = PrefixOption) -> None:
-    """Tear the testbed down (namespaces, interfaces, delay lines, state)."""
+    """Tear the testbed down (namespaces, interfaces, delay lines, state); refused while a live process holds it
+    (a `testbed run` on it)."""
     from testbed.fabric.lifecycle import tear_down
 
     removed = _guard(lambda: tear_down(prefix))
@@ -629,12 +632,18 @@ def down(prefix: str = PrefixOption) -> None:
 @app.command()
 def clean(prefix: str = PrefixOption,
           images: bool = typer.Option(False, "--images", help="Also remove docker images labelled testbed "
-                                                              "(compose/Dockerfile builds, the offline base).")
+                                                              "(compose/Dockerfile builds, the offline base)."),
+          force: bool = typer.Option(False, "--force", help="Also while a live process holds the testbed (a "
+                                                            "`testbed run` on it: it fails).")
           ) -> None:
-    """Remove every object with the prefix, even without a state file (after a crash or SIGKILL)."""
+    """Remove every object with the prefix, even without a state file (after a crash or SIGKILL), and what runs
+    that are gone left under prefixes of their own; refused while a live process holds the testbed, unless --force."""
     from testbed.fabric.lifecycle import tear_down
+    from testbed.fabric.ownership import stale_runs
 
-    removed = _guard(lambda: tear_down(prefix))
+    removed = _guard(lambda: tear_down(prefix, force=force))
+    for left in stale_runs():
+        removed += _guard(lambda left=left: tear_down(left))
     if images:
         from testbed.fabric.docker.engine import remove_images
 

@@ -1,9 +1,11 @@
 """Bring a testbed up, re-attach to it from its state file, tear it down: written once, for every backend.
 
-Bring-up: plan (pure: a bad topology or inventory fails before anything is probed or created), resolve the
-shaper (which may probe a kernel or hosts), plan with it, tear down a stale testbed of the same prefix, save the
-state (first, so `clean` and a later `up` know about a half-built testbed), bring the plan up, and remove the
-state again if that fails and nothing is left to undo."""
+Bring-up: plan (pure: a bad topology or inventory fails before anything is probed or created), take the
+prefix's lock (testbed.fabric.ownership: refused while another live process holds it), resolve the shaper (which
+may probe a kernel or hosts), plan with it, tear down a stale testbed of the same prefix (its holder is gone),
+save the state (first, so `clean` and a later `up` know about a half-built testbed), bring the plan up, and remove
+the state again if that fails and nothing is left to undo. The lock is held until tear_down, or until the process
+ends (`testbed up`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from testbed.fabric import registry
+from testbed.fabric import ownership, registry
 from testbed.fabric import state as state_store
 from testbed.fabric.backend import Backend, BackendOptions, Progress
 from testbed.fabric.base import Fabric
@@ -143,19 +145,21 @@ class Testbed:
 def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
              on_progress: Progress | None = None, backend: str | Backend = registry.DEFAULT) -> Testbed:
     """Clean any stale testbed with this prefix, then build `topology`. Nothing is left behind on failure.
-    `backend`: a registered name (with its default options) or a Backend (make_backend)."""
+    `backend`: a registered name (with its default options) or a Backend (make_backend). HeldElsewhere while
+    another live process holds the prefix; this process holds it from here to tear_down (or its end)."""
     chosen = backend if isinstance(backend, Backend) else registry.get(backend)()
     source = topology_file or topology.name
     plan_of(chosen, topology, shaper, prefix, source)  # pure: fails before anything is probed or created
     refusal = chosen.host_refusal(topology)
     if refusal:
         raise FabricError(f"{source}: {refusal}")
+    ownership.claim(prefix, "another testbed does not come up under its prefix")  # held until tear_down
     resolved = chosen.resolve_shaper(shaper, topology, on_progress)
     plan = plan_of(chosen, topology, resolved, prefix, source)
     if chosen.stale(prefix, state_store.load(prefix)):
         if on_progress:
-            on_progress(f"removing a previous testbed ({prefix}*)")
-        tear_down(prefix)
+            on_progress(f"removing a previous testbed ({prefix}*) whose owner is gone")
+        _remove(prefix)
     state = state_store.FabricState(chosen.name, prefix, resolved, topology.model_dump(mode="json", exclude_unset=False),
                                     str(topology_file) if topology_file else None, backend_state=chosen.new_state())
     state_store.save(state)  # first, so `clean` and a later `up` know about a half-built testbed
@@ -192,10 +196,20 @@ def attach(prefix: str) -> Testbed:
     return Testbed(topology, fabric.plan, fabric, saved)
 
 
-def tear_down(prefix: str) -> list[str]:
+def tear_down(prefix: str, *, force: bool = False) -> list[str]:
     """Remove everything with this prefix, with or without a state file: every registered backend cleans up
     after itself, the one that brought the testbed up first (with its record: ssh hosts are restored from it;
-    if one cannot be reached the state file stays for a later `clean`). What was removed, in words."""
+    if one cannot be reached the state file stays for a later `clean`). What was removed, in words. Refused
+    (HeldElsewhere) while another live process holds the testbed, unless `force`; this process's hold on it ends."""
+    if not force:
+        ownership.claim(prefix, "it is not removed while that process lives")
+    try:
+        return _remove(prefix)
+    finally:
+        ownership.release(prefix)
+
+
+def _remove(prefix: str) -> list[str]:
     saved = state_store.load(prefix)
     owner = registry.get(saved.backend) if saved is not None else None
     removed: list[str] = []
