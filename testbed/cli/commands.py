@@ -15,11 +15,36 @@ from rich.markup import escape
 
 from testbed.plan import DEFAULT_PREFIX
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Emulate multi-data-center training: DCs as namespaces, links shaped like DC optical transport.")
 
 out = Console(emoji=False)  # "east-0:up:" is a link name, not an emoji
 err = Console(stderr=True, emoji=False)
+PIPED_WIDTH = 100_000  # stdout not a terminal: tables at their full width, never cut or wrapped
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"testbed {version('testbed')}")
+        except PackageNotFoundError:
+            print("testbed (not installed: run from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _everything(ctx: typer.Context,
+                version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                             help="Print the version and exit.")) -> None:
+    """Before every command: full-width output where stdout is not a terminal; bare `testbed` prints help."""
+    if not out.is_terminal:
+        out.width = PIPED_WIDTH
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit()
 
 PrefixOption = typer.Option(os.environ.get("TESTBED_PREFIX", DEFAULT_PREFIX), "--prefix",
                             help="Name prefix of every kernel object (env TESTBED_PREFIX).")
@@ -33,6 +58,19 @@ AdoptOption = typer.Option(False, "--adopt", help="With --backend docker: use th
 InventoryOption = typer.Option(None, "--inventory", help="With --backend ssh: the inventory YAML file.")
 KnownHostsOption = typer.Option(KNOWN_HOSTS, "--known-hosts", help="Host keys to verify against.")
 AcceptNewOption = typer.Option(False, "--accept-new", help="Record unknown host keys (a changed key is still refused).")
+OutputOption = typer.Option("table", "--output", metavar="table|json|csv",
+                            help="table (for people) | json | csv (for programs).")
+JsonOption = typer.Option(False, "--json", hidden=True, help="Same as --output json.")
+OUTPUTS = ("table", "json", "csv")
+
+
+def _output(output: str, as_json: bool = False) -> str:
+    """The output format asked for (--json: an alias of --output json); a bad one is refused (exit 2)."""
+    if as_json:
+        return "json"
+    if output not in OUTPUTS:
+        _fail(f"--output: expected table, json or csv, got {output!r}")
+    return output
 
 
 def _backend(name: str, inventory: Optional[Path] = None, known_hosts: Path = KNOWN_HOSTS, accept_new: bool = False,
@@ -130,17 +168,21 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
 
 
 @app.command()
-def status(as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-           prefix: str = PrefixOption) -> None:
+def status(output: str = OutputOption, as_json: bool = JsonOption, prefix: str = PrefixOption) -> None:
     """Nodes, addresses, links with their configured parameters and the shaper in use."""
     from testbed.fabric.lifecycle import attach
 
+    shown = _output(output, as_json)
     testbed = _guard(lambda: attach(prefix))
     info = testbed.describe()
     dead = testbed.fabric.dead_delay_lines()
     info["dead_delay_lines"] = dead
-    if as_json:
+    if shown == "json":
         print(json.dumps(info, indent=1))
+    elif shown == "csv":
+        from testbed.cli.render import print_csv
+
+        print_csv(info["links"])
     else:
         from testbed.cli.render import status_tables
 
@@ -276,10 +318,10 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
 @app.command()
 def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topology up, probe, tear down. "
                                                                 "Without it: probe the running testbed."),
-          as_json: bool = typer.Option(False, "--json"),
+          output: str = OutputOption, as_json: bool = JsonOption,
           pings: int = typer.Option(200, help="Pings per DC pair (>= 100 for a meaningful p99)."),
           seconds: float = typer.Option(3.0, help="Seconds of TCP flow per direction."),
-          out_dir: Optional[Path] = typer.Option(None, "--out", help="Write probe.json and probe.md here."),
+          out_dir: Optional[Path] = typer.Option(None, "-o", "--out", help="Write probe.json and probe.md here."),
           shaper: str = typer.Option("auto", help="With TOPOLOGY: auto | netem | userspace-delay"),
           backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
           known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
@@ -292,6 +334,7 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
     from testbed.runner.probe import as_records, probe_all
     from testbed.spec.topology import load_topology
 
+    shown = _output(output, as_json)
     chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
     cancel.install()
     own = topology is not None
@@ -317,8 +360,12 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
     if out_dir is not None:
         path = write_probe_report(out_dir, info, records)
         err.print(f"report: {path}")
-    if as_json:
+    if shown == "json":
         print(json.dumps({"testbed": info, "pairs": records}, indent=1))
+    elif shown == "csv":
+        from testbed.cli.render import print_csv
+
+        print_csv(records)
     else:
         out.print(probe_table(records, info))
     _dead(dead, "died during the probe")
@@ -335,7 +382,7 @@ def _ready_the_report() -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context,
         experiment: Optional[Path] = typer.Argument(None, help="Experiment YAML file."),
-        out_dir: Path = typer.Option(Path("results"), "--out", help="Results root."),
+        out_dir: Path = typer.Option(Path("results"), "-o", "--out", help="Results root."),
         resume: bool = typer.Option(False, "--resume", help="Continue the latest run of this experiment."),
         only: Optional[str] = typer.Option(None, "--only", help="Run only cells whose id matches (glob or substring)."),
         topology: Optional[Path] = typer.Option(None, "--topology",
@@ -392,22 +439,33 @@ def run(ctx: typer.Context,
 
 
 @app.command()
-def compose(topology: Path = typer.Argument(..., help="Topology YAML file."),
+def compose(topology: Path = typer.Argument(..., help="Topology YAML file, or an experiment (its own topology, "
+                                                      "inline or a file)."),
             experiment: Optional[Path] = typer.Argument(None, help="Experiment the controller runs (its topology "
                                                                    "must be TOPOLOGY); without it, a probe."),
-            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Compose file to write (else stdout)."),
+            output: Optional[Path] = typer.Option(None, "-o", "--out", help="Compose file to write (else stdout)."),
+            output_alias: Optional[Path] = typer.Option(None, "--output", hidden=True, help="Same as --out."),
             shaper: str = typer.Option("auto", help="auto | netem | userspace-delay (auto: each router decides "
                                                     "on the docker host's kernel)"),
             prefix: str = PrefixOption) -> None:
-    """Write a docker compose file for a topology (and an experiment): the same testbed on a laptop."""
+    """Write a docker compose file for a topology (and an experiment), or for an experiment alone: the same
+    testbed on a laptop."""
     from testbed.plan.compose import compose_document, render
     from testbed.plan.containers import build_containers_plan
     from testbed.spec.experiment import load_experiment
     from testbed.spec.topology import load_topology
 
-    spec = _guard(lambda: load_topology(topology))
+    output = output or output_alias
+    words = ["testbed", "compose", str(topology)] + ([str(experiment)] if experiment else [])
     topology_of_experiment = None
-    if experiment is not None:
+    if experiment is None and _is_experiment(topology):  # testbed compose EXPERIMENT: its own topology
+        experiment = topology
+        parsed, spec = _guard(lambda: load_experiment(experiment))
+        if not isinstance(parsed.topology, dict):
+            topology = topology_of_experiment = experiment.parent / parsed.topology
+    else:
+        spec = _guard(lambda: load_topology(topology))
+    if experiment is not None and topology_of_experiment is None and topology != experiment:
         parsed, used = _guard(lambda: load_experiment(experiment))
         if used.model_dump() != spec.model_dump():
             _fail(f"{experiment}: topology: the experiment runs {used.name!r}, not {topology} ({spec.name!r})")
@@ -419,7 +477,6 @@ def compose(topology: Path = typer.Argument(..., help="Topology YAML file."),
         _fail(f"{topology}: {error}")
     target = output or Path("compose") / "stdout.yml"
     document = compose_document(plan, target, topology, experiment, topology_of_experiment)
-    words = ["testbed", "compose", str(topology)] + ([str(experiment)] if experiment else [])
     text = render(document, " ".join(words + (["-o", str(output)] if output else [])))
     if output is None:
         print(text, end="")
@@ -427,6 +484,17 @@ def compose(topology: Path = typer.Argument(..., help="Topology YAML file."),
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     err.print(f"wrote {output}: {len(document['services'])} services, {len(document['networks'])} networks")
+
+
+def _is_experiment(path: Path) -> bool:
+    """Whether a YAML file is an experiment (it names strategies) rather than a topology."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False  # the topology loader says what is wrong with it
+    return isinstance(data, dict) and "strategies" in data
 
 
 @app.command()
@@ -440,15 +508,26 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory (results/<e
 
 
 @app.command()
-def compare(first: Path = typer.Argument(...), second: Path = typer.Argument(...)) -> None:
+def compare(first: Path = typer.Argument(..., help="A run directory (A)."),
+            second: Path = typer.Argument(..., help="A run directory (B)."), output: str = OutputOption) -> None:
     """Put two runs side by side (throughput and efficiency per strategy and sweep point)."""
     from testbed.collect.compare import compare_runs
 
+    shown = _output(output)
     for path in (first, second):
         if not (path / "manifest.json").exists():
             _fail(f"{path}: not a run directory (no manifest.json)")
     frame = compare_runs(first, second)
-    print(frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "nothing in common to compare")
+    if shown == "json":
+        print(frame.to_json(orient="records", indent=1))
+    elif shown == "csv":
+        print(frame.to_csv(index=False), end="")
+    elif frame.empty:
+        out.print("nothing in common to compare")
+    else:
+        from testbed.cli.render import compare_table
+
+        out.print(compare_table(frame))
 
 
 def _cells_passed(run_dir: Path) -> bool:
@@ -466,7 +545,7 @@ def _cells_passed(run_dir: Path) -> bool:
 
 
 def _gate(run_dir: Path, junit: Optional[Path] = None, against: Optional[Path] = None,
-          tolerance: float = 0.05, rebuild: bool = True) -> bool:
+          tolerance: float = 0.05, rebuild: bool = True, shown: str = "table") -> bool:
     """Print every threshold's verdict (and regressions against `against`), write JUnit; True when every
     cell completed, every threshold held and nothing regressed. `rebuild`: the report first (a run has
     just written it)."""
@@ -478,16 +557,23 @@ def _gate(run_dir: Path, junit: Optional[Path] = None, against: Optional[Path] =
         build_report(run_dir)
     cells_ok = _cells_passed(run_dir)
     checks = json.loads((run_dir / "thresholds.json").read_text())
-    for item in checks:
-        out.print(check_line(item), highlight=False, soft_wrap=True, markup=False)
-    if not checks:
-        out.print("no thresholds in this experiment")
-    regressed = None
-    if against is not None:
-        regressed = regressions(load_points(run_dir), load_points(against), tolerance)
-        out.print(f"against {against} (tolerance {tolerance:.0%}):", highlight=False, markup=False)
-        for item in regressed:
-            out.print(regression_line(item), highlight=False, soft_wrap=True, markup=False)
+    regressed = None if against is None else regressions(load_points(run_dir), load_points(against), tolerance)
+    if shown == "json":
+        print(json.dumps({"thresholds": checks, "regressions": regressed}, indent=1, default=str))
+    elif shown == "csv":
+        from testbed.cli.render import print_csv
+
+        print_csv([{"kind": "threshold", **item} for item in checks]
+                  + [{"kind": "regression", **item} for item in regressed or []])
+    else:
+        for item in checks:
+            out.print(check_line(item), highlight=False, soft_wrap=True, markup=False)
+        if not checks:
+            out.print("no thresholds in this experiment")
+        if regressed is not None:
+            out.print(f"against {against} (tolerance {tolerance:.0%}):", highlight=False, markup=False)
+            for item in regressed:
+                out.print(regression_line(item), highlight=False, soft_wrap=True, markup=False)
     if junit is not None:
         manifest = json.loads((run_dir / "manifest.json").read_text())
         write_junit(junit, manifest["experiment"], load_results(run_dir), checks, regressed,
@@ -501,12 +587,13 @@ def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<ex
           junit: Optional[Path] = typer.Option(None, "--junit", help="Also write the verdicts as JUnit XML here."),
           against: Optional[Path] = typer.Option(None, "--against", help="An earlier run of the same experiment: "
                                                  "fail when a figure regressed against it."),
-          tolerance: str = typer.Option("5%", "--tolerance", help="With --against: how much worse a figure may be.")
-          ) -> None:
+          tolerance: str = typer.Option("5%", "--tolerance", help="With --against: how much worse a figure may be."),
+          output: str = OutputOption) -> None:
     """Exit 1 when a cell failed, a threshold of the experiment is missed or (with --against) a figure
     regressed: tokens/s fell, or inter-DC bytes per step rose, by more than the tolerance (nightly CI)."""
     from testbed.spec import units
 
+    shown = _output(output)
     for path in (run_dir, against):
         if path is not None and not (path / "manifest.json").exists():
             _fail(f"{path}: not a run directory (no manifest.json)")
@@ -518,14 +605,16 @@ def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<ex
         names = [json.loads((p / "manifest.json").read_text())["experiment"] for p in (run_dir, against)]
         if names[0] != names[1]:
             _fail(f"--against: {against} is a run of {names[1]!r}, not of {names[0]!r}")
-    if not _gate(run_dir, junit, against, fraction):
+    if not _gate(run_dir, junit, against, fraction, shown=shown):
         raise typer.Exit(1)
 
 
 @app.command()
 def calibrate(target: Path = typer.Argument(..., help="A topology, or an experiment (its topology; its model is "
                                                       "profiled when it runs real compute)."),
-              output: Path = typer.Option(Path("calibration.json"), "-o", "--output", help="Calibration file to write."),
+              output: Path = typer.Option(Path("calibration.json"), "-o", "--out", help="Calibration file to write "
+                                          "(`plan --calibration` reads it)."),
+              output_alias: Optional[Path] = typer.Option(None, "--output", hidden=True, help="Same as --out."),
               shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
               backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
               known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
@@ -535,6 +624,7 @@ def calibrate(target: Path = typer.Argument(..., help="A topology, or an experim
     from testbed.fabric import cancel
     from testbed.runner.calibrate import calibrate_file
 
+    output = output_alias or output
     chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image)
     cancel.install()
     calibration = _guard(lambda: calibrate_file(target, output, prefix=prefix, shaper=shaper, backend=chosen_backend))
@@ -546,8 +636,9 @@ def calibrate(target: Path = typer.Argument(..., help="A topology, or an experim
 @app.command(name="plan")
 def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
           calibration: Optional[Path] = typer.Option(None, "--calibration", help="A file from `testbed calibrate` "
-                                                     "(or a run's calibration.json)."),
-          as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+                                                     "(or a run's calibration.json); without it, the shipped "
+                                                     "reference calibration (its machine and date are printed)."),
+          output: str = OutputOption, as_json: bool = JsonOption,
           search: bool = typer.Option(False, "--search", help="Explore strategy options; recommend one per point.")
           ) -> None:
     """Predict every cell of an experiment without building anything (no root) and name the fastest strategy
@@ -557,36 +648,57 @@ def plan_(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
     from testbed.model.predict import NoComputeProfile
     from testbed.spec.errors import SpecError
 
+    shown = _output(output, as_json)
     try:  # not _guard: its SSH error type would import paramiko, and plan must start fast
         result = plan_experiment(experiment, calibration, with_search=search)
     except (SpecError, CalibrationError) as error:
         _fail(str(error))
     except NoComputeProfile as error:
         _fail(f"{experiment}: {error}")
-    if as_json:
+    if shown == "json":
         print(json.dumps(result, indent=1, default=str))
         return
-    from testbed.cli.render import print_prediction
+    from testbed.cli.render import print_csv, print_prediction
+
+    if shown == "csv":
+        print_csv([{k: v for k, v in cell.items() if k != "link_bytes_predicted"} for cell in result["cells"]])
+        return
 
     print_prediction(result, out)
 
 
 @app.command()
 def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenarios/)."),
-           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where the table, plot and report go "
-                                                  "(default results/whatif/<name>).")) -> None:
-    """Predicted scaling efficiency per strategy against distance and inter-DC bandwidth, at real scale."""
+           out_dir: Optional[Path] = typer.Option(None, "-o", "--out", help="Where the table, plot and report go "
+                                                  "(default results/whatif/<name>)."),
+           output: str = OutputOption) -> None:
+    """Predicted scaling efficiency per strategy against distance and inter-DC bandwidth, at real scale: the
+    answers at the scenario's reference point, a recommendation, and a plot with the point marked."""
     from testbed.model.commands import whatif_scenario
     from testbed.spec.errors import SpecError
 
+    shown = _output(output)
     try:
         result = whatif_scenario(scenario, out_dir)
     except SpecError as error:
         _fail(str(error))
-    from testbed.cli.render import whatif_table
+    from testbed.cli.render import print_csv, whatif_table
 
+    files = "\n".join(f"{name}: {path}" for name, path in result["files"].items() if name != "answers")
+    if shown == "json":
+        keep = ("answers", "reference", "recommendation", "scale")
+        print(json.dumps({"scenario": result["scenario"].name, **{k: result[k] for k in keep},
+                          "files": {k: str(v) for k, v in result["files"].items()}}, indent=1))
+        return
+    if shown == "csv":
+        print_csv(result["answers"])
+        err.print(files, highlight=False, markup=False)
+        return
+    out.print(f"reference point: {result['reference']['text']}", highlight=False)
     out.print(whatif_table(result))
-    out.print(f"table: {result['files']['table']}\nplot: {result['files']['plot']}\nreport: {result['files']['report']}")
+    out.print(f"[bold]{escape(result['recommendation']['line'])}[/bold]", highlight=False)
+    out.print(f"[dim]{escape(result['scale'])}[/dim]", highlight=False)
+    out.print(files, highlight=False, markup=False)
 
 
 hosts_app = typer.Typer(help="Real hosts over SSH (inventory files).", no_args_is_help=True)
@@ -596,7 +708,7 @@ app.add_typer(hosts_app, name="hosts")
 @hosts_app.command("check")
 def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Inventory YAML file."),
                 known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
-                as_json: bool = typer.Option(False, "--json")) -> None:
+                output: str = OutputOption, as_json: bool = JsonOption) -> None:
     """Connect to every host and show what it has (python, torch, tc, netem, clock offset) and lacks."""
     from dataclasses import asdict
 
@@ -604,10 +716,15 @@ def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Invento
     from testbed.fabric.ssh.checks import check_inventory
     from testbed.spec.inventory import load_inventory
 
+    shown = _output(output, as_json)
     spec = _guard(lambda: load_inventory(inventory))
     rows = check_inventory(spec, inventory.parent, known_hosts.expanduser(), accept_new)
-    if as_json:
+    if shown == "json":
         print(json.dumps([asdict(r) for r in rows], indent=1))
+    elif shown == "csv":
+        from testbed.cli.render import print_csv
+
+        print_csv([asdict(r) for r in rows])
     else:
         out.print(hosts_table(rows, f"hosts of {inventory}"))
     unreachable = [r for r in rows if not r.reachable]

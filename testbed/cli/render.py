@@ -142,40 +142,126 @@ def probe_table(records: list[dict], info: dict) -> Table:
     return table
 
 
+def _percent(value: Any) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def print_prediction(result: dict[str, Any], out: Console) -> None:
-    """`testbed plan`: every cell's prediction, the fastest strategy per sweep point, and what --search found."""
+    """`testbed plan`: every cell's prediction, the fastest strategy per sweep point (or a tie, where strategies
+    lie within the model's error of each other), and what --search found."""
     from rich.markup import escape
 
-    out.print(f"[bold]plan[/bold] {result['experiment']}: calibration {result['calibration']}")
-    table = Table("cell", "step s", "tokens/s", "exposed s", "inter-DC MB/step", "where the time goes", title="predicted")
+    calibration = result["calibration"]
+    error = result.get("model_error")
+    which = "the shipped reference calibration" if calibration["reference"] else f"calibration {calibration['file']}"
+    out.print(f"[bold]plan[/bold] {escape(result['experiment'])}: {escape(which)}, {escape(calibration['provenance'])}"
+              + (f"; model error {error:.1%} (its median over the calibration's benchmarks)" if error is not None
+                 else ""), highlight=False)
+    if calibration["reference"]:
+        out.print("[dim]figures of that machine, not of this one: `testbed calibrate EXPERIMENT -o FILE` (root) "
+                  "measures yours; `--calibration FILE` uses it[/dim]", highlight=False)
+    table = Table("cell", "step s", "tokens/s", "vs single site", "exposed s", "inter-DC MB/step",
+                  "where the time goes", title="predicted")
     for cell in result["cells"]:
         table.add_row(escape(cell["cell"]), f"{cell['step_s_predicted']:.3f}", f"{cell['tokens_per_s_predicted']:,.0f}",
-                      f"{cell['exposed_s_predicted']:.3f}", f"{cell['inter_dc_bytes_predicted'] / 1e6:.2f}",
+                      "baseline" if cell["baseline"] else _percent(cell.get("efficiency_vs_single_site_predicted")),
+                      f"{cell['exposed_s_predicted']:.3f}", f"{cell['inter_dc_bytes_predicted'] / 1e6:,.2f}",
                       escape(cell["explain"]))
     out.print(table)
-    for point, strategy in result["best"].items():
-        out.print(f"best at {escape(point or 'every cell')}: [bold]{escape(strategy)}[/bold]", highlight=False)
+    for line in verdict_lines(result):
+        out.print(line, highlight=False)
     for point, found in result.get("search", {}).items():
         best = found["recommended"]
+        label = result.get("points", {}).get(point, {}).get("label") or point or "every cell"
         options = ", ".join(f"{k}={v}" for k, v in best["options"].items()) or "its defaults"
-        out.print(f"recommended at {escape(point or 'every cell')} ({found['candidates']} configurations): "
+        out.print(f"recommended at {escape(label)} ({found['candidates']} configurations): "
                   f"[bold]{best['strategy']}[/bold] with {escape(options)}: {best['tokens_per_s_predicted']:,.0f} "
                   "tokens/s predicted", highlight=False)
 
 
+def verdict_lines(result: dict[str, Any]) -> list[str]:
+    """One line per sweep point: the fastest strategy and by how much, or a tie within the model's error."""
+    from rich.markup import escape
+
+    error = result.get("model_error")
+    lines = []
+    for verdict in result.get("points", {}).values():
+        where = escape(verdict["label"])
+        if verdict["tied"]:
+            names = ", ".join(escape(n) for n in [verdict["best"], *verdict["tied"]])
+            lines.append(f"at {where}: [bold]tie[/bold] between {names} (within model error: "
+                         f"{verdict['gap']:.1%} apart, the model's error is {error:.1%})")
+        elif verdict["runner_up"] is not None:
+            lines.append(f"best at {where}: [bold]{escape(verdict['best'])}[/bold] ({verdict['gap']:.1%} ahead of "
+                         f"{escape(verdict['runner_up'])}" + (f", beyond the model's error of {error:.1%})"
+                                                             if error is not None else ")"))
+        else:
+            lines.append(f"at {where}: only {escape(verdict['best'])}")
+    return lines
+
+
 def whatif_table(result: dict[str, Any]) -> Table:
     """`testbed whatif`: each strategy at the scenario's reference point, and what it takes to reach the target."""
-    import pandas as pd
+    import math
 
     def fmt(value: Any, cap: float | None = None) -> str:
-        if pd.isna(value):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
             return "never"
         return f">= {cap:,.0f}" if cap is not None and value >= cap else f"{value:,.0f}"
 
     scenario = result["scenario"]
     table = Table("strategy", "efficiency", "step s", "bandwidth for target (Gbit/s)", "distance for target (km)",
                   title=f"{scenario.name} at the reference point (target {scenario.target_efficiency:.0%})")
-    for row in pd.read_csv(result["files"]["answers"]).to_dict("records"):
-        table.add_row(row["strategy"], f"{row['efficiency']:.1%}", f"{row['step_s']:.2f}",
+    for row in result["answers"]:
+        table.add_row(row["strategy"], f"{row['efficiency']:.1%}", f"{row['step_s']:,.2f}",
                       fmt(row["bandwidth_for_target_gbit"]), fmt(row["distance_for_target_km"], 20_000))
+    return table
+
+
+def print_csv(rows: list[dict[str, Any]]) -> None:
+    """Rows as CSV on stdout: the union of their keys in first-seen order, nested values as JSON."""
+    import csv
+    import json
+    import sys
+
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    writer = csv.DictWriter(sys.stdout, columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+
+
+def compare_table(frame: Any) -> Table:
+    """`testbed compare`: two runs' figures per strategy and sweep point, for people (labels, %, MB, separators)."""
+    from testbed.model.labels import key_label, value_label
+
+    def cell(column: str, value: Any) -> str:
+        if value is None or value != value:  # NaN
+            return "-"
+        if column.startswith(("links[", "workload.")):
+            return value_label(column, value)
+        if column.endswith("B/A") or column.startswith("scaling_efficiency"):
+            return f"{value:.1%}" if column.startswith("scaling_efficiency") else f"{value:.2f}×"
+        if column.startswith("tokens_per_s"):
+            return f"{value:,.0f}"
+        if column.startswith("inter_dc_gb_per_step"):
+            return f"{value * 1e3:,.2f}"
+        if column == "baseline":
+            return "single site" if str(value) == "True" else ""
+        return str(value)
+
+    names = {"tokens_per_s": "tokens/s", "scaling_efficiency": "efficiency", "inter_dc_gb_per_step":
+             "inter-DC MB/step"}
+
+    def header(column: str) -> str:
+        if column.startswith(("links[", "workload.")):
+            return key_label(column)
+        for key, name in names.items():
+            if column.startswith(key):
+                return name + column[len(key):]
+        return column
+
+    table = Table(*[header(c) for c in frame.columns], title="A against B")
+    for row in frame.to_dict("records"):
+        table.add_row(*[cell(c, row[c]) for c in frame.columns])
     return table

@@ -119,6 +119,54 @@ def load_calibration(path: str | Path) -> Calibration:
     return Calibration(transport, compute, data.get("fit", {}), data.get("samples", []), data.get("source", {}))
 
 
+# --- the reference calibrations shipped in the package ----------------------------------------------------------
+
+REFERENCE_DIR = Path(__file__).parent / "reference"  # package data: what `plan` uses when the user has none
+
+
+def reference_calibrations() -> list[tuple[Path, Calibration]]:
+    """Every shipped reference calibration (measured by `testbed calibrate` on a named machine), by file name."""
+    return [(path, load_calibration(path)) for path in sorted(REFERENCE_DIR.glob("*.json"))]
+
+
+def reference_for(preset: str | None, micro_batch: int | None, seq_len: int | None) -> tuple[Path, Calibration]:
+    """The reference calibration whose compute profile is this workload's (else one of the same preset and sequence
+    length, scaled by the micro-batch; else the first)."""
+    shipped = reference_calibrations()
+
+    def rank(item: tuple[Path, Calibration]) -> int:
+        profiles = [(p.preset, p.micro_batch, p.seq_len) for p in item[1].compute]
+        if (preset, micro_batch, seq_len) in profiles:
+            return 0
+        return 1 if any(p[0] == preset and p[2] == seq_len for p in profiles) else 2
+
+    return min(shipped, key=rank)
+
+
+def provenance(calibration: Calibration) -> str:
+    """Where and when a calibration was measured, in one line: 'measured 2026-11-28 11:42 UTC on <machine>'."""
+    source = calibration.source
+    when = source.get("measured") or source.get("created")
+    try:
+        when = datetime.fromisoformat(when).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC") if when else None
+    except ValueError:
+        pass
+    reference = source.get("reference") or {}
+    machine = reference.get("machine") or ", ".join(
+        part for part in (f"{source['host_cpus']} CPUs" if source.get("host_cpus") else "",
+                          f"kernel {source['kernel']}" if source.get("kernel") else "",
+                          f"{source.get('backend')} {source.get('shaper')}" if source.get("backend") else "") if part)
+    commit = f", commit {reference['commit']}" if reference.get("commit") else ""
+    return f"measured {when or 'at an unknown date'} on {machine or 'an unnamed machine'}{commit}"
+
+
+def model_error(calibration: Calibration) -> float | None:
+    """The calibration's own median error (|predicted/measured - 1| over its micro-benchmarks): predictions that
+    differ by less than this are within the model's error."""
+    value = calibration.fit.get("median_abs_error")
+    return float(value) if value is not None else None
+
+
 # --- from the benchmark's records to samples -------------------------------------------------------------------
 
 def samples_from_records(records: Iterable[dict], shared_clock: bool = True) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ import dataclasses
 import itertools
 from typing import Any
 
-from testbed.model.calibration import Calibration
+from testbed.model.calibration import Calibration, model_error
+from testbed.model.labels import point_label
 from testbed.model.predict import CellPrediction, predict_cell, predict_experiment
 from testbed.plan.cells import Cell, plan_cells
 from testbed.spec.experiment import Experiment
@@ -36,21 +37,56 @@ def point_key(sweep: dict[str, Any]) -> str:
 
 def best_per_point(predictions: list[CellPrediction]) -> dict[str, str]:
     """The strategy (label) with the highest predicted tokens/s at every sweep point of the shaped cells."""
-    best: dict[str, tuple[float, str]] = {}
+    return {key: verdict["best"] for key, verdict in verdicts(predictions, None).items()}
+
+
+def verdicts(predictions: list[CellPrediction], model_error: float | None) -> dict[str, dict[str, Any]]:
+    """Per sweep point of the shaped cells: the fastest strategy, every strategy whose predicted tokens/s is
+    within `model_error` (a fraction) of it (a tie: the model cannot tell them apart), and the point for people."""
+    rates: dict[str, dict[str, float]] = {}
+    labels: dict[str, str] = {}
     for p in predictions:
         if p.baseline:
             continue
         key = point_key(p.sweep)
-        rate = p.prediction.tokens_per_s
-        if key not in best or rate > best[key][0]:
-            best[key] = (rate, p.strategy)
-    return {key: strategy for key, (_, strategy) in best.items()}
+        labels[key] = point_label(p.sweep)
+        mine = rates.setdefault(key, {})
+        mine[p.strategy] = max(mine.get(p.strategy, 0.0), p.prediction.tokens_per_s)
+    out = {}
+    for key, by_strategy in rates.items():
+        ranked = sorted(by_strategy.items(), key=lambda item: -item[1])
+        best, top = ranked[0]
+        tied = [name for name, rate in ranked[1:]
+                if model_error is not None and top > 0 and (top - rate) / top < model_error]
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        out[key] = {"label": labels[key], "best": best, "tied": tied,
+                    "gap": (top - runner_up[1]) / top if runner_up and top > 0 else None,
+                    "runner_up": runner_up[0] if runner_up else None}
+    return out
+
+
+def single_site_efficiency(predictions: list[CellPrediction]) -> dict[str, float]:
+    """Each shaped cell's predicted tokens/s over the best predicted baseline (every inter-DC link unshaped, any
+    strategy) at the same workload sweep values: the report's efficiency_vs_single_site, before running."""
+    def workload(p: CellPrediction) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in p.sweep.items() if k.startswith("workload.")))
+
+    best: dict[tuple, float] = {}
+    for p in predictions:
+        if p.baseline:
+            best[workload(p)] = max(best.get(workload(p), 0.0), p.prediction.tokens_per_s)
+    return {p.cell: p.prediction.tokens_per_s / best[workload(p)] for p in predictions
+            if not p.baseline and best.get(workload(p))}
 
 
 def plan(experiment: Experiment, topology: Topology, calibration: Calibration) -> dict[str, Any]:
     predictions = predict_experiment(experiment, topology, calibration)
-    return {"experiment": experiment.name, "calibrated": calibration.calibrated,
-            "cells": [cell_record(p) for p in predictions], "best": best_per_point(predictions)}
+    error = model_error(calibration)
+    efficiency = single_site_efficiency(predictions)
+    cells = [{**cell_record(p), "efficiency_vs_single_site_predicted": efficiency.get(p.cell)} for p in predictions]
+    found = verdicts(predictions, error)
+    return {"experiment": experiment.name, "calibrated": calibration.calibrated, "model_error": error,
+            "cells": cells, "best": {key: verdict["best"] for key, verdict in found.items()}, "points": found}
 
 
 def cell_record(p: CellPrediction) -> dict[str, Any]:

@@ -582,8 +582,13 @@ def test_plan_simulates_a_cells_repetitions_once(monkeypatch):
 
 
 def test_plan_refuses_real_compute_without_a_profile_and_a_bad_calibration(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/quickstart.yaml"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    from testbed.model.calibration import reference_calibrations
+
+    _, calibration = reference_calibrations()[0]
+    calibration.compute = []  # the user's own calibration of a topology: no model profiled
+    no_profile = calibration.save(tmp_path / "topology-only.json")
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "plan", "experiments/quickstart.yaml",
+                           "--calibration", str(no_profile)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and "testbed calibrate" in proc.stderr
     bad = tmp_path / "cal.json"
     bad.write_text("{}")
@@ -600,6 +605,7 @@ def test_whatif_scenarios_give_a_table_and_a_plot_in_seconds(name, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - start < 15  # 5 s on a quiet machine; this one is shared
     assert (tmp_path / "efficiency.png").stat().st_size > 10_000
+    assert proc.stdout.startswith("reference point: ") and "recommended at " in proc.stdout
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "table.csv")
