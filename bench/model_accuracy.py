@@ -50,7 +50,7 @@ def refit(run_dir: Path) -> None:
     if not raw.exists():
         return
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    topology = topology_from_data(manifest["topology"])
+    topology = topology_from_data(manifest["topology"], si=True)  # a model_dump: SI numbers
     fit(topology, json.loads(raw.read_text())).save(run_dir / CALIBRATION_FILE)
 
 

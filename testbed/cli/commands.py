@@ -222,27 +222,29 @@ def shape(a: str = typer.Argument(..., help="DC at one end"), b: str = typer.Arg
     from testbed.plan.network import direction_key
     from testbed.spec import units
 
-    testbed = _guard(lambda: attach(prefix))
-
     def parse(name: str, value: str | None, parser: Any) -> Any:
         if value is None:
             return None
         try:
             return parser(value)
         except ValueError as error:
-            _fail(f"--{name}: {error}")
+            _fail(f"testbed shape: --{name}: {error}")
 
-    changes = {"latency": parse("latency", latency, units.parse_duration),
+    changes = {"latency": parse("latency", latency, units.parse_delay),
                "bandwidth": parse("bandwidth", bandwidth, units.parse_rate),
-               "jitter": parse("jitter", jitter, units.parse_duration),
+               "jitter": parse("jitter", jitter, units.parse_delay),
                "loss": parse("loss", loss, units.parse_fraction)}
     if distance is not None:
         if latency is not None:
-            _fail("--distance: give --latency or --distance, not both")
+            _fail("testbed shape: --distance: give --latency or --distance, not both")
         changes["latency"] = units.fibre_delay(parse("distance", distance, units.parse_distance))
     changes = {key: value for key, value in changes.items() if value is not None}
     if not changes:
-        _fail("nothing to change: give --latency, --distance, --bandwidth, --jitter or --loss")
+        _fail("testbed shape: nothing to change: give --latency, --distance, --bandwidth, --jitter or --loss")
+    if changes.get("jitter", 0.0) > changes.get("latency", float("inf")):
+        _fail(f"testbed shape: --jitter: {jitter} is more than the latency ({latency or distance}): jitter is the "
+              "half-width of a spread around the latency, so the delay would go below zero")
+    testbed = _guard(lambda: attach(prefix))
     keys = [direction_key(a, b)] + ([] if one_way else [direction_key(b, a)])
     known = {end.key for end in testbed.plan.link_ends if end.kind == "inter-dc"}
     for key in keys:
@@ -270,21 +272,22 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
     """A link fault on a running testbed, by hand: testbed fault partition east west --for 3s"""
     from testbed.fabric.lifecycle import attach
 
-    testbed = _guard(lambda: attach(prefix))
     if clear:
         if kind is not None:
-            _fail("--clear: restores every fault in force; give no KIND")
+            _fail("testbed fault: --clear: restores every fault in force; give no KIND")
+        testbed = _guard(lambda: attach(prefix))
         cleared = _guard(testbed.clear_faults)
         out.print(f"[green]cleared[/green] {len(cleared)} faults" + (f" ({', '.join(cleared)})" if cleared else ""))
         return
 
     from testbed.runner.faults import FaultDriver
-    from testbed.spec.errors import SpecError
+    from testbed.spec.errors import SpecError, did_you_mean
     from testbed.spec.faults import LINK_KINDS, Fault
     from testbed.spec.loader import validate_data
 
     if kind not in LINK_KINDS or a is None or b is None:
-        _fail(f"KIND A B: give one of {', '.join(LINK_KINDS)} and the two DCs of a link (or --clear)")
+        _fail(f"testbed fault: KIND A B: give one of {', '.join(LINK_KINDS)} and the two DCs of a link (or --clear)"
+              + (f"; {kind!r} is no kind{did_you_mean(kind, LINK_KINDS)}" if kind is not None and kind not in LINK_KINDS else ""))
     given = {"duration": for_, "loss": loss, "latency": latency, "jitter": jitter, "bandwidth": bandwidth,
              "period": period, "down": down}
     try:
@@ -292,7 +295,9 @@ def fault(kind: Optional[str] = typer.Argument(None, help="partition | loss-burs
         spec = validate_data(Fault, data, "testbed fault")
     except SpecError as error:
         flag = "--for" if error.field == "duration" else f"--{error.field}"
-        _fail(f"{flag}: {error.problem}".replace("duration", "--for"))
+        problem = error.problem.replace("needs duration", "needs --for").replace(", duration", ", --for")
+        _fail(f"testbed fault: {flag}: {problem}")
+    testbed = _guard(lambda: attach(prefix))
     known = {end.key for end in testbed.plan.link_ends if end.kind == "inter-dc"}
     if f"{a}->{b}" not in known:
         _fail(f"no direct link between {a} and {b} (links: {', '.join(sorted(known))})")
@@ -600,7 +605,7 @@ def check(run_dir: Path = typer.Argument(..., help="A run directory (results/<ex
     try:
         fraction = units.parse_fraction(tolerance)
     except ValueError as error:
-        _fail(f"--tolerance: {error}")
+        _fail(f"testbed check: --tolerance: {error}")
     if against is not None:
         names = [json.loads((p / "manifest.json").read_text())["experiment"] for p in (run_dir, against)]
         if names[0] != names[1]:

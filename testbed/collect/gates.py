@@ -25,7 +25,7 @@ def check_thresholds(manifest: dict, agg: pd.DataFrame) -> list[dict]:
     """Evaluate the experiment's thresholds against the aggregated cells (sweep values compared as text)."""
     import yaml
 
-    experiment = Experiment.model_validate(yaml.safe_load(manifest["experiment_text"]))
+    experiment = Experiment.model_validate(yaml.safe_load(manifest["experiment_text"]), context={"si": True})
     results = []
     for threshold in experiment.thresholds:
         rows = agg[agg["baseline"] == "False"] if not agg.empty else agg

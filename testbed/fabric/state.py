@@ -112,7 +112,7 @@ class FabricState:
                 if "distance" in link["reverse"] and "latency" in link["reverse"]:
                     link["reverse"].pop("latency")
             links.append(link)
-        return topology_from_data({**self.topology, "links": links}, self.topology_file)
+        return topology_from_data({**self.topology, "links": links}, self.topology_file, si=True)
 
 
 def state_path(prefix: str) -> Path:

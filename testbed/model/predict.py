@@ -255,7 +255,7 @@ def predict_run(run_dir: Path, results: list[dict], calibration: Calibration | N
     calibration = calibration or run_calibration(run_dir)
     if calibration is None or "topology" not in manifest:
         return []
-    topology = topology_from_data(manifest["topology"])
+    topology = topology_from_data(manifest["topology"], si=True)  # a model_dump: SI numbers
     warmup = manifest.get("warmup_steps", 0)
     # a user's own command (no strategy): nothing to predict
     cells = [(result, warmup_local(run_dir / "cells" / result["cell"]["id"], warmup,

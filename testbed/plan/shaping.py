@@ -17,14 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from testbed.plan.delayline import DelayLineSpec
-from testbed.spec.link import LinkParams
+from testbed.spec.link import AUTO_QUEUE_MIN, MTU_FRAME, UNSHAPED_REFERENCE_RATE, LinkParams  # noqa: F401 (queue sizing lives with LinkParams)
 
 Shaper = Literal["netem", "userspace-delay"]
 SHAPERS: tuple[Shaper, ...] = ("netem", "userspace-delay")
 
-MTU_FRAME = 1514  # bytes on the veth per full-size packet (MTU 1500 + Ethernet header)
-AUTO_QUEUE_MIN = 1000  # packets; the kernel's usual default, the floor of `queue: auto`
-UNSHAPED_REFERENCE_RATE = 10e9  # bits/s assumed for sizing queues of links with no bandwidth cap
 NETEM_RATE_MAX = (2**32 - 1) * 8  # netem's TCA_NETEM_RATE is u32 bytes/s (pyroute2 has no RATE64)
 HTB_BURST_SECONDS = 0.002  # burst = 2 ms of traffic: the default (rate/HZ) is too small at Gbit/s rates
 HTB_BURST_MIN = 16 * 1024
@@ -72,17 +69,9 @@ class Shaping:
 
 
 def queue_limit(params: LinkParams) -> int:
-    """Packets of queue: the configured number, or `auto` = rate x (2 x (latency + jitter)), at least 1000.
-
-    netem holds every packet in flight for the delay, and a bottleneck wants about one round trip of
-    buffer; the kernel default of 1000 packets is far too small for a long fat link (10 Gbit/s x 50 ms
-    is ~42k full packets).
-    """
-    if params.queue is not None:
-        return params.queue
-    rate = params.bandwidth or UNSHAPED_REFERENCE_RATE
-    bdp_bytes = rate / 8 * 2 * (params.latency + params.jitter)
-    return max(AUTO_QUEUE_MIN, math.ceil(bdp_bytes / MTU_FRAME))
+    """Packets of queue: the configured number, or `auto` sized from the bandwidth-delay product
+    (LinkParams.queue_packets, which the spec also bounds by this machine's memory)."""
+    return params.queue_packets()
 
 
 def htb_burst(rate_bps: float) -> int:

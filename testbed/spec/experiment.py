@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from testbed.spec import units
-from testbed.spec.errors import SpecError
+from testbed.spec.errors import SpecError, closest, did_you_mean, named_pattern
 from testbed.spec.faults import Fault
+from testbed.spec.link import check_link, si_numbers
 from testbed.spec.loader import load_yaml, validate_data
 from testbed.spec.strategies import (
     DILOCO,
@@ -27,11 +29,12 @@ from testbed.spec.strategies import (
     check_options,
     problem_of,
 )
-from testbed.spec.topology import Topology, load_topology, topology_from_data
+from testbed.spec.topology import FILE_NAME_PATTERN, Topology, load_topology, topology_from_data
 
 LINK_KEY = re.compile(r"^links\[(\*|[a-z][a-z0-9_]*\s*,\s*[a-z][a-z0-9_]*)\]\.(latency|distance|bandwidth|jitter|loss)$")
-LINK_PARSERS = {"latency": units.parse_duration, "distance": units.parse_distance, "bandwidth": units.parse_rate,
-                "jitter": units.parse_duration, "loss": units.parse_fraction}
+LINK_FIELDS = ("latency", "distance", "bandwidth", "jitter", "loss")
+LINK_PARSERS = {"latency": units.parse_delay, "distance": units.parse_distance, "bandwidth": units.parse_rate,
+                "jitter": units.parse_delay, "loss": units.parse_fraction}
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
            "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
@@ -86,7 +89,8 @@ class StrategySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
+    name: str = Field(pattern=named_pattern(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$",
+                                            "a label: a letter or digit, then up to 39 letters, digits, _, ., + or -"))
     strategy: str | None = None
     options: dict[str, Any] = {}
 
@@ -94,11 +98,13 @@ class StrategySpec(BaseModel):
     def _known(self) -> StrategySpec:
         strategy = self.strategy or self.name
         if strategy not in STRATEGIES:
-            raise ValueError(f"strategy: unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+            raise ValueError(f"strategy: unknown strategy {strategy!r}{did_you_mean(strategy, STRATEGIES)} "
+                             f"(known: {', '.join(STRATEGIES)})")
         for key, value in self.options.items():
             definition = OPTIONS.get(key)
             if definition is None or definition.place == "harness":
-                raise ValueError(f"options.{key}: unknown strategy option")
+                known = [name for name, d in OPTIONS.items() if d.place == "any" and strategy in d.strategies]
+                raise ValueError(f"options.{key}: unknown strategy option{did_you_mean(key, known)}")
             if definition.place == "workload":
                 raise ValueError(f"options.{key}: set it under workload:, for every strategy")
             if strategy not in definition.strategies:
@@ -160,7 +166,7 @@ class Experiment(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str = Field(pattern=FILE_NAME_PATTERN)
     description: str = ""
     topology: str | dict[str, Any]
     workload: WorkloadSpec = WorkloadSpec()
@@ -169,13 +175,18 @@ class Experiment(BaseModel):
     repetitions: int = Field(1, ge=1, le=20)
     baseline: Literal["auto", "none"] = "auto"
     calibrate: Literal["rtt", "full", "none"] = "rtt"
-    cell_timeout: float = Field(300.0, gt=0)
+    cell_timeout: float = Field(300.0, gt=0)  # a duration (a bare number is read as seconds: the key predates units)
     thresholds: list[Threshold] = []
     faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
     sdc_replay: float = 0.0  # with sdc faults: the share of steps each rank replays unasked (testbed.workload.sdc)
     sdc_replay_by: Literal["self", "buddy"] = "self"  # who replays a sampled step: the rank, or another replica
     restarts: int = Field(0, ge=0, le=100)  # after a rank dies, start every rank again (from the last checkpoint)
     checkpoint_every: int = Field(0, ge=0)  # steps between checkpoints (0: a restart begins at step 0)
+
+    @field_validator("cell_timeout", mode="before")
+    @classmethod
+    def _cell_timeout(cls, value: Any) -> Any:
+        return units.parse_duration(value) if isinstance(value, str) else value
 
     @field_validator("sdc_replay", mode="before")
     @classmethod
@@ -190,13 +201,13 @@ class Experiment(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> Experiment:
+    def _consistent(self, info: ValidationInfo) -> Experiment:
         names = [s.name for s in self.strategies]
         for index, name in enumerate(names):
             if name in names[:index]:
                 raise ValueError(f"strategies[{index}].name: duplicate strategy name {name!r}")
         for key, values in self.sweep.items():
-            self._check_sweep(key, values)
+            self._check_sweep(key, values, si_numbers(info))
         for index, threshold in enumerate(self.thresholds):
             self._check_threshold(f"thresholds[{index}]", threshold)
         for index, fault in enumerate(self.faults):
@@ -244,7 +255,7 @@ class Experiment(BaseModel):
                                  f"buddy can compare a rank's gradient before it leaves (strategy {spec.name}; "
                                  "sdc_replay_by: self can)")
 
-    def _check_sweep(self, key: str, values: list[Any]) -> None:
+    def _check_sweep(self, key: str, values: list[Any], si: bool = False) -> None:
         if not values:
             raise ValueError(f"sweep.{key}: give at least one value")
         match = LINK_KEY.match(key)
@@ -252,17 +263,22 @@ class Experiment(BaseModel):
             parser = LINK_PARSERS[match.group(2)]
             for index, value in enumerate(values):
                 try:
-                    parser(value)
+                    parser(value, si=si)
                 except ValueError as error:
                     raise ValueError(f"sweep.{key}[{index}]: {error}") from None
             return
         if not key.startswith("workload."):
-            raise ValueError(f"sweep.{key}: expected links[A,B].latency|distance|bandwidth|jitter|loss, "
-                             "links[*].<field> or workload.<option>")
+            head, _, field = key.rpartition(".")
+            close = closest(field, LINK_FIELDS) if key.startswith("links[") else None
+            hint = f" (did you mean {head}.{close}?)" if close else ""
+            raise ValueError(f"sweep.{key}: expected links[A,B].<field> for the link between DCs A and B, "
+                             f"links[*].<field> for every link (field: {', '.join(LINK_FIELDS)}) or "
+                             f"workload.<option>{hint}")
         name = key.split(".", 1)[1]
         definition = OPTIONS.get(name)
         if definition is None or definition.place == "harness":
-            raise ValueError(f"sweep.{key}: unknown workload option {name!r}")
+            known = [option for option, d in OPTIONS.items() if d.place != "harness"]
+            raise ValueError(f"sweep.{key}: unknown workload option {name!r}{did_you_mean(name, known)}")
         if name == "synthetic":
             raise ValueError(f"sweep.{key}: sweep workload.compute in separate experiments")
         users = [s.name for s in self.strategies if s.workload_strategy in definition.strategies]
@@ -280,8 +296,8 @@ class Experiment(BaseModel):
         for part in ("strategy", "than"):
             value = getattr(threshold, part)
             if value is not None and value not in names:
-                raise ValueError(f"{field}.{part}: {value!r} is not a strategy of this experiment "
-                                 f"(strategies: {', '.join(names)})")
+                raise ValueError(f"{field}.{part}: {value!r} is not a strategy of this experiment"
+                                 f"{did_you_mean(value, names)} (strategies: {', '.join(names)})")
         if threshold.than is not None and threshold.than == threshold.strategy:
             raise ValueError(f"{field}.than: compares {threshold.than} with itself")
         for key, value in threshold.where.items():
@@ -392,10 +408,11 @@ class Experiment(BaseModel):
             if fault.between is None:
                 continue
             a, b = fault.between
+            names = [d.name for d in topology.dcs]
             for dc in (a, b):
-                if dc not in [d.name for d in topology.dcs]:
+                if dc not in names:
                     raise SpecError(source, f"faults[{index}].between",
-                                    f"no DC named {dc!r} (DCs: {', '.join(d.name for d in topology.dcs)})")
+                                    f"no DC named {dc!r}{did_you_mean(dc, names)} (DCs: {', '.join(names)})")
             try:
                 topology.find_link(a, b)
             except KeyError:
@@ -411,6 +428,7 @@ class Experiment(BaseModel):
             base = source.parent if source else Path.cwd()
             path = (base / self.topology) if not Path(self.topology).is_absolute() else Path(self.topology)
             topology = load_topology(path)
+        names = [dc.name for dc in topology.dcs]
         for key in self.sweep:
             match = LINK_KEY.match(key)
             if match and match.group(1) != "*":
@@ -419,9 +437,74 @@ class Experiment(BaseModel):
                     topology.find_link(a, b)
                 except KeyError:
                     known = ", ".join(f"[{x.between[0]},{x.between[1]}]" for x in topology.links)
-                    raise SpecError(source, f"sweep.{key}", f"no link between {a} and {b} (links: {known})") from None
+                    unknown = "".join(f": no DC named {dc!r}{did_you_mean(dc, names)}" for dc in (a, b)
+                                      if dc not in names)
+                    raise SpecError(source, f"sweep.{key}",
+                                    f"no link between {a} and {b}{unknown} (links: {known})") from None
         self._check_fault_links(topology, source)
+        self._check_swept_links(topology, source)
         return topology
+
+    def _swept(self, link: tuple[str, str], name: str) -> list[tuple[str, float]]:
+        """(sweep key, number) of every swept value of link field `name` on `link` (a distance as its latency)."""
+        found = []
+        for key, values in self.sweep.items():
+            match = LINK_KEY.match(key)
+            if match is None or match.group(2) not in ((name, "distance") if name == "latency" else (name,)):
+                continue
+            target = match.group(1)
+            if target == "*" or {part.strip() for part in target.split(",")} == set(link):
+                found += [(key, self._swept_number(key, value)) for value in values]
+        return found
+
+    @staticmethod
+    def _swept_number(key: str, value: Any) -> float:
+        field = LINK_KEY.match(key).group(2)  # type: ignore[union-attr]
+        number = LINK_PARSERS[field](value)
+        return units.fibre_delay(number) if field == "distance" else number
+
+    def _check_swept_links(self, topology: Topology, source: Path | None) -> None:
+        """Each link direction at the worst of its swept values (the cells cross every sweep value with every
+        other): jitter within the shortest latency, the queue of the longest, fastest one within this machine's
+        memory (testbed.spec.link.check_link)."""
+        for link in topology.links:
+            latency, jitter, bandwidth = (self._swept(link.between, name) for name in ("latency", "jitter", "bandwidth"))
+            if not (latency or jitter or bandwidth):
+                continue
+            for base in (link.forward(), link.backward()):
+                def pick(swept: list[tuple[str, float]], best: Any, fallback: float | None) -> float | None:
+                    return best(number for _, number in swept) if swept else fallback
+
+                jitter_max = pick(jitter, max, base.jitter) or 0.0
+                checks = (
+                    ("jitter", jitter or latency, replace(base, latency=pick(latency, min, base.latency),
+                                                          jitter=jitter_max)),
+                    ("queue", latency or bandwidth, replace(base, latency=pick(latency, max, base.latency),
+                                                            jitter=jitter_max,
+                                                            bandwidth=pick(bandwidth, max, base.bandwidth))))
+                for name, swept, params in checks:
+                    problem = check_link(params)
+                    if problem is not None and problem[0] == name and swept:
+                        raise SpecError(source, f"sweep.{swept[0][0]}",
+                                        f"with the swept values on {link.between[0]}-{link.between[1]}, {problem[0]}: "
+                                        f"{problem[1]}")
+
+    def unusual(self) -> list[tuple[str, str]]:
+        """(field, why) of each legal but unusual value: a swept or faulted one-way delay beyond what terrestrial
+        paths have (the topology's own are said when it loads)."""
+        found = []
+        for key, values in self.sweep.items():
+            match = LINK_KEY.match(key)
+            if match is not None and match.group(2) in ("latency", "distance"):
+                for index, value in enumerate(values):
+                    why = units.unusual_delay(self._swept_number(key, value))
+                    if why is not None:
+                        found.append((f"sweep.{key}[{index}]", why))
+        for index, fault in enumerate(self.faults):
+            why = units.unusual_delay(fault.latency) if fault.latency is not None else None
+            if why is not None:
+                found.append((f"faults[{index}].latency", why))
+        return found
 
 
 def load_experiment(path: str | Path) -> tuple[Experiment, Topology]:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from testbed.spec import units
-from testbed.spec.link import unit_field
+from testbed.spec.errors import written
+from testbed.spec.link import si_numbers, unit_field
 
 LINK_KINDS = ("partition", "loss-burst", "latency", "bandwidth", "flap")
 RANK_KINDS = ("kill", "straggler")
@@ -55,8 +56,9 @@ class At(BaseModel):
         return f"step {self.step}" if self.step is not None else units.format_duration(self.seconds or 0.0)
 
 
-def parse_at(value: Any) -> At:
-    """'step 5' -> At(step=5); '4s', '250ms' or a bare number of seconds -> At(seconds=...)."""
+def parse_at(value: Any, *, si: bool = False) -> At:
+    """'step 5' -> At(step=5); '4s' or '250ms' -> At(seconds=...) (a bare number of seconds only with si=True:
+    data testbed wrote itself)."""
     if isinstance(value, At):
         return value
     if isinstance(value, dict):
@@ -67,10 +69,12 @@ def parse_at(value: Any) -> At:
             return At(step=int(match.group(1)))
         if value.strip().startswith("step"):
             raise ValueError(f"expected 'step N' with N a whole number, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value and not si:
+        raise ValueError(f"{value:g} has no unit: write 'step {value:g}' for a step or {value:g}s for a time")
     try:
-        return At(seconds=units.parse_duration(value))
+        return At(seconds=units.parse_duration(value, si=si))
     except ValueError:
-        raise ValueError(f"expected 'step N' or a time such as '4s', got {value!r}") from None
+        raise ValueError(f"expected 'step N' or a time such as 4s, got {written(value)}") from None
 
 
 class Fault(BaseModel):
@@ -98,10 +102,11 @@ class Fault(BaseModel):
 
     @field_validator("at", mode="before")
     @classmethod
-    def _at(cls, value: Any) -> At:
-        return parse_at(value)
+    def _at(cls, value: Any, info: ValidationInfo) -> At:
+        return parse_at(value, si=si_numbers(info))
 
-    _duration = unit_field(units.parse_duration, "duration", "latency", "jitter", "period", "down")
+    _duration = unit_field(units.parse_duration, "duration", "period", "down")
+    _delay = unit_field(units.parse_delay, "latency", "jitter")
     _loss = unit_field(units.parse_fraction, "loss")
     _bandwidth = unit_field(units.parse_rate, "bandwidth")
 
@@ -125,6 +130,10 @@ class Fault(BaseModel):
             if not 0 < self.down < self.period:
                 raise ValueError(f"down: must lie between 0 and the period ({units.format_duration(self.period)}), "
                                  f"got {units.format_duration(self.down)}")
+        if self.jitter is not None and self.latency is not None and self.jitter > self.latency:
+            raise ValueError(f"jitter: {units.format_duration(self.jitter)} is more than the latency "
+                             f"({units.format_duration(self.latency)}): jitter is the half-width of a spread around "
+                             "the latency, so the delay would go below zero")
         if self.kind == "straggler" and self.slowdown is not None and self.slowdown <= 1:
             raise ValueError(f"slowdown: a straggler runs slower than the others: give more than 1, got {self.slowdown}")
         if self.kind == "loss-burst" and self.loss == 0:

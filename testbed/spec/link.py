@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from testbed.spec import units
+
+MTU_FRAME = 1514  # bytes on the veth per full-size packet (MTU 1500 + Ethernet header)
+AUTO_QUEUE_MIN = 1000  # packets; the kernel's usual default, the floor of `queue: auto`
+UNSHAPED_REFERENCE_RATE = 10e9  # bits/s assumed for sizing queues of links with no bandwidth cap
+MEMINFO = Path("/proc/meminfo")
 
 
 @dataclass(frozen=True)
@@ -31,12 +39,62 @@ class LinkParams:
             "queue": "auto" if self.queue is None else self.queue,
         }
 
+    def queue_packets(self) -> int:
+        """Packets of queue: the configured number, or `auto` = rate x (2 x (latency + jitter)), at least 1000.
+
+        netem holds every packet in flight for the delay, and a bottleneck wants about one round trip of
+        buffer; the kernel default of 1000 packets is far too small for a long fat link (10 Gbit/s x 50 ms
+        is ~42k full packets).
+        """
+        if self.queue is not None:
+            return self.queue
+        rate = self.bandwidth or UNSHAPED_REFERENCE_RATE
+        bdp_bytes = rate / 8 * 2 * (self.latency + self.jitter)
+        return max(AUTO_QUEUE_MIN, math.ceil(bdp_bytes / MTU_FRAME))
+
+
+@cache
+def memory_total() -> int | None:
+    """This machine's memory in bytes (MemTotal), or None where /proc/meminfo cannot be read."""
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_link(params: LinkParams) -> tuple[str, str] | None:
+    """(field, problem) when one direction of a link asks for what no real link has, else None: jitter beyond the
+    latency, or a queue whose memory would exceed QUEUE_MEMORY_SHARE of this machine's."""
+    if params.jitter > params.latency:
+        return "jitter", (f"{units.format_duration(params.jitter)} is more than the latency "
+                          f"({units.format_duration(params.latency)}): jitter is the half-width of a spread around the "
+                          "latency, so the delay would go below zero")
+    memory = memory_total()
+    packets = params.queue_packets()
+    if memory is not None and packets * MTU_FRAME > units.QUEUE_MEMORY_SHARE * memory:
+        how = (f"{packets} packets" if params.queue is not None else
+               f"auto sizes it from bandwidth x round trip ({units.format_rate(params.bandwidth)} x "
+               f"{units.format_duration(2 * (params.latency + params.jitter))}) to {packets} packets")
+        return "queue", (f"{how}, {packets * MTU_FRAME / 1e9:,.1f} GB at full frames, more than "
+                         f"{units.QUEUE_MEMORY_SHARE:.0%} of this machine's memory ({memory / 2**30:.3g} GiB): "
+                         f"give a smaller queue, bandwidth or latency")
+    return None
+
+
+def si_numbers(info: ValidationInfo | None) -> bool:
+    """Whether the data being validated was written by testbed itself, in SI numbers (validation context
+    {"si": True}): a bare number is then in the base unit."""
+    return bool(info is not None and isinstance(info.context, dict) and info.context.get("si"))
+
 
 def unit_field(parser: Callable[[Any], float], *fields: str) -> Any:
     """A pydantic before-validator that parses unit strings of `fields` with `parser` (None stays None)."""
 
-    def parse(cls: type, value: Any) -> float | None:
-        return None if value is None else parser(value)
+    def parse(cls: type, value: Any, info: ValidationInfo) -> float | None:
+        return None if value is None else parser(value, si=si_numbers(info))
 
     return field_validator(*fields, mode="before")(classmethod(parse))
 
@@ -53,7 +111,7 @@ class _LinkFields(BaseModel):
     loss: float | None = None
     queue: int | Literal["auto"] | None = None
 
-    _durations = unit_field(units.parse_duration, "latency", "jitter")
+    _durations = unit_field(units.parse_delay, "latency", "jitter")
     _distance = unit_field(units.parse_distance, "distance")
     _rate = unit_field(units.parse_rate, "bandwidth")
     _loss = unit_field(units.parse_fraction, "loss")

@@ -1,15 +1,18 @@
-"""Read a YAML file into a pydantic model, turning every failure into one SpecError line."""
+"""Read a YAML file into a pydantic model, turning every failure into one SpecError line (and saying once on
+stderr what is legal but unusual)."""
 
 from __future__ import annotations
 
 import re
+import sys
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from testbed.spec.errors import SpecError
+from testbed.spec.errors import SpecError, closest, in_words, written
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -25,42 +28,86 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _problem(error: dict[str, Any]) -> str:
-    message = str(error.get("msg", "invalid"))
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if message.startswith(prefix):
-            message = message[len(prefix):]
-    if error.get("type") == "extra_forbidden":
-        message = "unknown key"
-    elif error.get("type") == "missing":
-        message = "required key is missing"
-    return message
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (list[LinkSpec], ReverseOverrides | None, ...), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys the mapping at loc[:-1] takes (for did-you-mean on an unknown key at loc)."""
+    current: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part)) if current is not None else None
+        current = _model_in(field.annotation) if field is not None else None
+    return list(current.model_fields) if current is not None else []
+
+
+# what each top level holds, for a file that holds something else (or nothing)
+WHAT = {"Topology": "a topology with name, dcs and links (e.g. dcs: [{name: east, nodes: 2}])",
+        "Experiment": "an experiment with name, topology and strategies (e.g. strategies: [flat-dp])",
+        "Scenario": "a what-if scenario with name, model, gpu, intra, reference, sweep and strategies",
+        "Inventory": "an inventory with its hosts"}
 
 
 # Model-level checks name their field themselves as "field: problem" (brackets may hold spaces: links[a, b]).
 _NAMED = re.compile(r"^((?:[A-Za-z_]|\[[^\]]*\])(?:[^\s:\[]|\[[^\]]*\])*): (.*)$")
 
 
-def _from_validation_error(source: str | Path | None, error: ValidationError) -> SpecError:
-    first = error.errors()[0]
+def _from_validation_error(model: type[BaseModel], source: str | Path | None, error: ValidationError) -> SpecError:
+    errors = error.errors()
+    first = errors[0]
+    if first.get("type") == "missing":  # a key spelt otherwise: name the misspelling, with the key meant
+        parent, name = tuple(first.get("loc", ()))[:-1], str(tuple(first.get("loc", ("",)))[-1])
+        first = next((e for e in errors if e.get("type") == "extra_forbidden" and tuple(e["loc"])[:-1] == parent
+                      and closest(str(e["loc"][-1]), [name]) == name), first)
     loc = tuple(part for part in first.get("loc", ()) if part != "__root__")
-    problem = _problem(first)
+    problem = in_words(first, known_keys(model, loc))
     named = _NAMED.match(problem)
     if named and first.get("type") == "value_error":
         inner, problem = named.groups()
         path = field_path(loc)
-        return SpecError(source, f"{path}.{inner}" if path else inner, problem)
+        joined = f"{path}{inner}" if inner.startswith("[") else f"{path}.{inner}"
+        return SpecError(source, joined if path else inner, problem)
     return SpecError(source, field_path(loc), problem)
 
 
-def validate_data(model: type[Model], data: Any, source: str | Path | None = None) -> Model:
-    """Validate already-parsed data; raises SpecError."""
+_said: set[str] = set()
+
+
+def say_unusual(source: str | Path | None, field: str, message: str) -> None:
+    """'warning: file: field: message' on stderr, once per process."""
+    line = f"warning: {source if source is not None else '<input>'}: {field}: {message}"
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr)
+
+
+def validate_data(model: type[Model], data: Any, source: str | Path | None = None, *, si: bool = False) -> Model:
+    """Validate already-parsed data; raises SpecError. si=True: data testbed wrote itself (a model_dump), whose
+    bare numbers are SI base units; otherwise every quantity must carry its unit, and what is legal but unusual
+    (the model's unusual(): (field, why) pairs) is said on stderr."""
+    what = WHAT.get(model.__name__, "a mapping of key: value")
+    if data is None:
+        raise SpecError(source, "", f"the file is empty; expected {what}")
     if not isinstance(data, dict):
-        raise SpecError(source, "", f"expected a mapping at the top level, got {type(data).__name__}")
+        raise SpecError(source, "", f"expected {what} at the top level, got {written(data)}")
     try:
-        return model.model_validate(data)
+        result = model.model_validate(data, context={"si": si})
     except ValidationError as error:
-        raise _from_validation_error(source, error) from None
+        raise _from_validation_error(model, source, error) from None
+    unusual = getattr(result, "unusual", None)
+    if not si and unusual is not None:
+        for field, message in unusual():
+            say_unusual(source, field, message)
+    return result
 
 
 def load_yaml(path: str | Path) -> Any:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from testbed.spec import units
 from testbed.spec.loader import load_model
+from testbed.spec.topology import FILE_NAME_PATTERN
 
 
 class _Strict(BaseModel):
@@ -42,7 +43,7 @@ class Link(_Strict):
     @field_validator("latency", mode="before")
     @classmethod
     def _latency(cls, value: Any) -> float:
-        return units.parse_duration(value)
+        return units.parse_delay(value)
 
 
 class Parallelism(_Strict):
@@ -58,21 +59,21 @@ class Transport(_Strict):
     steps are pipelined (a flat ring over a long link pays 2(g-1)/depth one-way latencies)."""
 
     kind: Literal["nccl-ring", "tcp"] = "nccl-ring"
-    window: float = 4e6  # bytes
+    window: float = 4e6  # bytes (written with its unit: 4MB)
     channels: int = Field(2, ge=1)
     efficiency: float = Field(0.9, gt=0, le=1)
     depth: int = Field(8, ge=1)
-    intra_latency: float = 5e-6
+    intra_latency: float = 5e-6  # seconds (written with its unit: 5us)
 
     @field_validator("window", mode="before")
     @classmethod
     def _window(cls, value: Any) -> float:
-        return units.parse_size(value) if isinstance(value, str) else float(value)
+        return units.parse_size(value)
 
     @field_validator("intra_latency", mode="before")
     @classmethod
     def _intra(cls, value: Any) -> float:
-        return units.parse_duration(value)
+        return units.parse_delay(value)
 
 
 class ScenarioStrategy(_Strict):
@@ -86,6 +87,19 @@ class ScenarioStrategy(_Strict):
     channels: int | None = Field(None, ge=1)  # flows per crossing group (default: the transport's)
 
 
+def _each(parser: Any, values: Any) -> Any:
+    """Every value of a list parsed (a value that is not a list is left to the list's own check)."""
+    if not isinstance(values, list):
+        return values
+    parsed = []
+    for index, value in enumerate(values):
+        try:
+            parsed.append(parser(value))
+        except ValueError as error:
+            raise ValueError(f"[{index}]: {error}") from None
+    return parsed
+
+
 class Sweep(_Strict):
     distance: list[float] = Field(min_length=1)  # metres
     bandwidth: list[float] = Field(min_length=1)  # bits/s
@@ -93,16 +107,16 @@ class Sweep(_Strict):
     @field_validator("distance", mode="before")
     @classmethod
     def _distances(cls, value: Any) -> list[float]:
-        return [units.parse_distance(v) for v in value]
+        return _each(units.parse_distance, value)
 
     @field_validator("bandwidth", mode="before")
     @classmethod
     def _rates(cls, value: Any) -> list[float]:
-        return [units.parse_rate(v) for v in value]
+        return _each(units.parse_rate, value)
 
 
 class Scenario(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str = Field(pattern=FILE_NAME_PATTERN)
     description: str = ""
     model: ModelShape
     dcs: int = Field(2, ge=2)
@@ -124,7 +138,13 @@ class Scenario(_Strict):
     def _reference(cls, value: Any) -> dict[str, float]:
         if not isinstance(value, dict) or set(value) != {"distance", "bandwidth"}:
             raise ValueError("give distance and bandwidth")
-        return {"distance": units.parse_distance(value["distance"]), "bandwidth": units.parse_rate(value["bandwidth"])}
+        parsed = {}
+        for key, parser in (("distance", units.parse_distance), ("bandwidth", units.parse_rate)):
+            try:
+                parsed[key] = parser(value[key])
+            except ValueError as error:
+                raise ValueError(f"{key}: {error}") from None
+        return parsed
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

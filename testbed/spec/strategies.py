@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as validated_dataclass
 
+from testbed.spec.errors import did_you_mean, in_words
 from testbed.spec.presets import PRESETS
 
 _EQUAL_SHARDS = ("its reduce-scatter cuts each DC's gradients into one shard per rank, and the shards of "
@@ -185,12 +186,9 @@ def problem_of(error: ValidationError) -> tuple[str, str]:
     """(field, one-line problem) of pydantic's first error."""
     first = error.errors()[0]
     loc = ".".join(str(part) for part in first.get("loc", ()))
-    message = first.get("msg", "invalid")
     if first.get("type") == "unexpected_keyword_argument":
-        message = "unknown option"
-    elif "input" in first:
-        message += f" (got {first['input']!r})"
-    return loc, message
+        return loc, "unknown option" + did_you_mean(loc, OPTIONS)
+    return loc, in_words(first)
 
 
 def check_option(name: str, value: Any) -> Any:

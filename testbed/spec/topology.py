@@ -9,12 +9,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from testbed.spec import units
-from testbed.spec.link import LinkParams, ReverseOverrides, _LinkFields, unit_field
+from testbed.spec.errors import did_you_mean, named_pattern
+from testbed.spec.link import LinkParams, ReverseOverrides, _LinkFields, check_link, unit_field
 from testbed.spec.loader import load_model, validate_data
 from testbed.spec.subnet import lan_prefixlen
 
 DEFAULT_SUBNET = "198.18.0.0/15"  # RFC 2544 benchmarking range
-NAME_PATTERN = r"^[a-z][a-z0-9_]{0,11}$"  # short: interface names hold "to-<dc>" in 15 bytes
+NAME_PATTERN = named_pattern(  # short: interface names hold "to-<dc>" in 15 bytes
+    r"^[a-z][a-z0-9_]{0,11}$", "a DC name: a lowercase letter, then up to 11 lowercase letters, digits or _ "
+    "(it goes into interface names of 15 characters), e.g. east")
+FILE_NAME_PATTERN = named_pattern(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", "a letter or digit, then up to 63 letters, digits, _, . or - "
+    "(it names files and directories), e.g. two-dc")
 
 
 class IntraSpec(BaseModel):
@@ -26,7 +32,7 @@ class IntraSpec(BaseModel):
     latency: float = 0.0
 
     _rate = unit_field(units.parse_rate, "bandwidth")
-    _duration = unit_field(units.parse_duration, "latency")
+    _duration = unit_field(units.parse_delay, "latency")
 
     def params(self) -> LinkParams:
         return LinkParams(latency=self.latency, bandwidth=self.bandwidth)
@@ -58,6 +64,10 @@ class LinkSpec(_LinkFields):
             self.reverse._check_latency_or_distance()
         if self.between[0] == self.between[1]:
             raise ValueError(f"a link needs two different DCs, got {list(self.between)}")
+        for prefix, params in (("", self.forward()), ("reverse.", self.backward())):
+            problem = check_link(params)
+            if problem is not None:
+                raise ValueError(f"{prefix}{problem[0]}: {problem[1]}")
         return self
 
     def forward(self) -> LinkParams:
@@ -76,7 +86,8 @@ class TcpSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # a name from the kernel's net.ipv4.tcp_available_congestion_control: cubic (Linux's default), bbr, reno, ...
-    congestion_control: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,15}$")
+    congestion_control: str | None = Field(default=None, pattern=named_pattern(
+        r"^[a-z][a-z0-9_]{0,15}$", "a congestion control's name as the kernel lists it, e.g. cubic or bbr"))
 
 
 class Topology(BaseModel):
@@ -84,7 +95,7 @@ class Topology(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str = Field(pattern=FILE_NAME_PATTERN)
     subnet: str = DEFAULT_SUBNET
     dcs: list[DCSpec] = Field(min_length=1)
     links: list[LinkSpec] = []
@@ -109,7 +120,8 @@ class Topology(BaseModel):
         for index, link in enumerate(self.links):
             for end in link.between:
                 if end not in names:
-                    raise ValueError(f"links[{index}].between: unknown DC {end!r} (known: {', '.join(names)})")
+                    raise ValueError(f"links[{index}].between: unknown DC {end!r}{did_you_mean(end, names)} "
+                                     f"(DCs: {', '.join(names)})")
             pair = frozenset(link.between)
             if pair in pairs:
                 raise ValueError(f"links[{index}].between: a second link between {link.between[0]} and "
@@ -138,6 +150,17 @@ class Topology(BaseModel):
         if missing:
             raise ValueError(f"links: DC {missing[0]!r} cannot be reached from {names[0]!r} over any link")
 
+    def unusual(self) -> list[tuple[str, str]]:
+        """(field, why) of each legal but unusual value: a one-way delay beyond what terrestrial paths have."""
+        found = []
+        for index, link in enumerate(self.links):
+            for field, params in (("", link.forward()), ("reverse.", link.backward())):
+                why = units.unusual_delay(params.latency)
+                if why is not None and (field == "" or params.latency != link.forward().latency):
+                    written = "distance" if (link.reverse if field else link).distance is not None else "latency"
+                    found.append((f"links[{index}].{field}{written}", why))
+        return found
+
     def dc(self, name: str) -> DCSpec:
         for dc in self.dcs:
             if dc.name == name:
@@ -159,6 +182,7 @@ def load_topology(path: str | Path) -> Topology:
     return load_model(Topology, path)
 
 
-def topology_from_data(data: Any, source: str | Path | None = None) -> Topology:
-    """Validate an inline topology (e.g. inside an experiment file)."""
-    return validate_data(Topology, data, source)
+def topology_from_data(data: Any, source: str | Path | None = None, *, si: bool = False) -> Topology:
+    """Validate an inline topology (e.g. inside an experiment file); si=True for one testbed wrote itself
+    (a manifest's or state file's model_dump: bare numbers are SI base units)."""
+    return validate_data(Topology, data, source, si=si)

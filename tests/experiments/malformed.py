@@ -28,11 +28,11 @@ LATENCY = "links[east,west].latency: [1ms, 20ms]"
 MALFORMED: dict[str, tuple[str, str, str]] = {
     # the six kinds of the issue
     "option_of_wrong_type": (text("[flat-dp, {name: o, strategy: hier-dp-overlap, options: {chunks: four}}]"),
-                             "strategies[1].options.chunks", "valid integer"),
+                             "strategies[1].options.chunks", "expected a whole number, got 'four'"),
     "sweep_value_out_of_range": (text("[flat-dp]", sweep="workload.micro_batches: [2, 0]"),
-                                 "sweep.workload.micro_batches[1]", "greater than or equal to 1"),
+                                 "sweep.workload.micro_batches[1]", "must be at least 1, got 0"),
     "negative_inner_steps": (text("[{name: d, strategy: diloco, options: {inner_steps: -5}}]"),
-                             "strategies[0].options.inner_steps", "greater than or equal to 1"),
+                             "strategies[0].options.inner_steps", "must be at least 1, got -5"),
     "virtual_chunks_beyond_the_model": (
         text("[{name: p, strategy: pp, options: {schedule: interleaved-1f1b, virtual_chunks: 4}}]"),
         "strategies[0].options.virtual_chunks", "2 stages x 4 chunks = 8 pipeline chunks"),
@@ -53,7 +53,7 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "unknown_choice": (text("[{name: h, strategy: hier-dp, options: {compression: gzip}}]"),
                        "strategies[0].options.compression", "'none', 'fp16', 'bf16' or 'int8'"),
     "workload_value_out_of_range": (text("[flat-dp]", workload="{steps: 4, warmup_steps: 1, micro_batch: 0}"),
-                                    "workload.micro_batch", "greater than or equal to 1"),
+                                    "workload.micro_batch", "must be at least 1, got 0"),
     "efficiency_without_baseline": (text("[flat-dp]", thresholds="{metric: scaling_efficiency, min: 0.5}",
                                          extra="baseline: none\n"),
                                     "thresholds[0].metric", "baseline: none"),

@@ -55,7 +55,7 @@ def two_dc(nodes: int = 2, latency: float = 0.0, bandwidth: float | None = None,
     names = [f"d{i}" for i in range(dcs)]
     topology = topology_from_data({"name": "t", "dcs": [{"name": n, "nodes": nodes} for n in names],
                                    "links": [{"between": [a, b], "latency": latency, "bandwidth": bandwidth}
-                                             for a, b in itertools.pairwise(names)]})
+                                             for a, b in itertools.pairwise(names)]}, si=True)
     links = {}
     for a, b in itertools.pairwise(names):
         links[f"{a}->{b}"] = links[f"{b}->{a}"] = {"latency": latency, "bandwidth": bandwidth}

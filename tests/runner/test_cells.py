@@ -58,9 +58,9 @@ def test_distance_sweeps_become_fibre_latency(tmp_path):
     ("sweep:\n  links[east,west].latency: [soon]\n", "sweep.links[east,west].latency", "duration"),
     ("sweep:\n  colour: [red]\n", "sweep.colour", "expected links"),
     ("sweep:\n  workload.nonsense: [1]\n", "sweep.workload.nonsense", "unknown workload option"),
-    ("thresholds: [{metric: speed, min: 1}]\n", "thresholds[0].metric", "Input should be"),
+    ("thresholds: [{metric: speed, min: 1}]\n", "thresholds[0].metric", "expected 'tokens_per_s',"),
     ("thresholds: [{metric: tokens_per_s}]\n", "thresholds[0]", "give min, max or both"),
-    ("repetitions: 0\n", "repetitions", "greater than or equal to 1"),
+    ("repetitions: 0\n", "repetitions", "must be at least 1, got 0"),
 ])
 def test_bad_experiments_give_one_line(tmp_path, extra, field, needle):
     path = tmp_path / "bad.yaml"

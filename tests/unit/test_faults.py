@@ -40,13 +40,13 @@ def test_a_file_with_every_kind_loads_with_units_parsed(tmp_path):
 
 @pytest.mark.parametrize(("written", "step", "seconds"), [
     ("step 0", 0, None), ("step 12", 12, None), ("  step 3 ", 3, None), ("4s", None, 4.0), ("250ms", None, 0.25),
-    (2, None, 2.0), (0.5, None, 0.5)])
+    ("2s", None, 2.0), ("0.5s", None, 0.5), (0, None, 0.0)])
 def test_at_is_a_step_or_a_time(written, step, seconds):
     at = parse_at(written)
     assert (at.step, at.seconds) == (step, seconds)
 
 
-@pytest.mark.parametrize("written", ["step", "step -1", "step 1.5", "later", "-2s", "step five"])
+@pytest.mark.parametrize("written", ["step", "step -1", "step 1.5", "later", "-2s", "step five", 2, "5m"])
 def test_at_refuses_what_is_neither(written):
     with pytest.raises(ValueError):
         parse_at(written)
@@ -107,7 +107,7 @@ def test_what_each_link_fault_does_to_a_direction():
 def test_the_longest_dark_window_sizes_the_process_group_timeout():
     faults = [Fault(kind="partition", between=("east", "west"), at="1s", duration="3s"),
               Fault(kind="flap", between=("east", "west"), at="1s", duration="10s", period="5s", down="4s"),
-              Fault(kind="latency", between=("east", "west"), at="1s", duration="60s", latency="1s")]
+              Fault(kind="latency", between=("east", "west"), at="1s", duration="60s", latency="250ms")]
     assert longest_partition(faults) == 4.0 and longest_partition([]) == 0.0
 
 

@@ -32,8 +32,9 @@ MALFORMED = {
                              "links[0]", "not both"),
     "bad_loss": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], loss: 120%}]\n",
                  "links[0].loss", "between 0% and 100%"),
-    "zero_nodes": ("name: x\ndcs:\n  - {name: east, nodes: 0}\n", "dcs[0].nodes", "greater than or equal to 1"),
-    "bad_dc_name": ("name: x\ndcs:\n  - {name: East-Coast, nodes: 1}\n", "dcs[0].name", "pattern"),
+    "zero_nodes": ("name: x\ndcs:\n  - {name: east, nodes: 0}\n", "dcs[0].nodes", "must be at least 1, got 0"),
+    "bad_dc_name": ("name: x\ndcs:\n  - {name: East-Coast, nodes: 1}\n", "dcs[0].name",
+                    "a lowercase letter, then up to 11 lowercase letters, digits or _"),
     "same_dc_twice": ("name: x\n" + GOOD_DCS + "links: [{between: [east, east]}]\n", "links[0]", "two different"),
     "duplicate_link": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west]}, {between: [west, east]}]\n",
                        "links[1].between", "second link"),
@@ -45,8 +46,45 @@ MALFORMED = {
                     "links[0].reverse.latency", "duration"),
     "missing_dcs": ("name: x\n", "dcs", "required key is missing"),
     "not_yaml": ("name: [x\n", "line", "invalid YAML"),
-    "not_a_mapping": ("- just\n- a list\n", "", "mapping"),
+    "not_a_mapping": ("- just\n- a list\n", "", "expected a topology with name, dcs and links"),
+    "empty_file": ("# nothing yet\n", "", "the file is empty; expected a topology with name, dcs and links"),
+    "bare_latency": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 5}]\n",
+                     "links[0].latency", "5 has no unit: write it with one, e.g. 5ms"),
+    "minutes_or_metres": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 5m}]\n",
+                          "links[0].latency", "reads two ways: minutes, or metres"),
+    "gbps": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], bandwidth: 10Gbps}]\n",
+             "links[0].bandwidth", "gigabytes per second as tc reads it"),
+    "bare_bandwidth": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], bandwidth: 1000000000}]\n",
+                       "links[0].bandwidth", "has no unit"),
+    "bare_distance": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], distance: 800}]\n",
+                      "links[0].distance", "800 has no unit"),
+    "bare_jitter": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 5ms, jitter: 2}]\n",
+                    "links[0].jitter", "2 has no unit"),
+    "beyond_geostationary": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 10s}]\n",
+                             "links[0].latency", "longer than any real link"),
+    "round_the_world_twice": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], distance: 90000km}]\n",
+                              "links[0].distance", "longer than any fibre route on Earth"),
+    "jitter_beyond_latency": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 2ms, jitter: 5ms}]\n",
+                              "links[0].jitter", "more than the latency"),
+    "reverse_jitter_beyond_latency": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 8ms, "
+                                      "jitter: 2ms, reverse: {latency: 1ms}}]\n",
+                                      "links[0].reverse.jitter", "more than the latency (1ms)"),
+    "queue_beyond_memory": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 10ms, "
+                            "queue: 100000000000}]\n", "links[0].queue", "of this machine's memory"),
+    "loss_as_a_bare_percentage": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], loss: 5}]\n",
+                                  "links[0].loss", "would be 500%: write 5%"),
+    "typo_key": ("name: x\n" + GOOD_DCS + "links: [{between: [east, west], bandwith: 1gbit}]\n",
+                 "links[0].bandwith", "unknown key (did you mean bandwidth?)"),
+    "typo_top_key": ("name: x\n" + GOOD_DCS + "link: [{between: [east, west]}]\n",
+                     "link", "unknown key (did you mean links?)"),
+    "typo_dc": ("name: x\n" + GOOD_DCS + "links: [{between: [east, wset]}]\n",
+                "links[0].between", "unknown DC 'wset' (did you mean west?)"),
+    "nodes_in_words": ("name: x\ndcs:\n  - {name: east, nodes: two}\n", "dcs[0].nodes",
+                       "expected a whole number, got 'two'"),
 }
+
+PYTHON_OR_PYDANTIC = ("NoneType", "Input should", "pattern", "^[", "type=", "validation error", "dict", "str_type",
+                      "int_parsing", "Value error", "pydantic")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -83,6 +121,31 @@ def test_malformed_files_give_one_clear_line(tmp_path: Path, case: str):
     assert "\n" not in message
     assert message.startswith(f"{path}: {field}"), message
     assert needle in message, message
+    for phrase in PYTHON_OR_PYDANTIC:
+        assert phrase not in message, message
+
+
+def test_a_latency_beyond_150ms_is_said_once_on_stderr_and_accepted(tmp_path: Path, capsys):
+    path = tmp_path / "satellite.yaml"
+    path.write_text("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 250ms}]\n")
+    for _ in range(2):
+        assert load_topology(path).links[0].forward().latency == pytest.approx(0.25)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"warning: {path}: links[0].latency: 250ms one way is more than any terrestrial path has "
+                     "(ITU-T G.114 plans one-way delay up to 150 ms; beyond it, satellite hops): going on"]
+    path.write_text("name: x\n" + GOOD_DCS + "links: [{between: [east, west], latency: 150ms}]\n")
+    load_topology(path)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_topology_testbed_wrote_reads_its_si_numbers_back():
+    from testbed.spec.topology import topology_from_data
+
+    written = load_topology(TOPOLOGIES / "asymmetric.yaml").model_dump(mode="json")
+    again = topology_from_data(written, si=True)
+    assert again.links[0].backward() == load_topology(TOPOLOGIES / "asymmetric.yaml").links[0].backward()
+    with pytest.raises(SpecError, match="has no unit"):
+        topology_from_data(written)
 
 
 def test_missing_file_is_one_line(tmp_path: Path):
