@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from testbed.spec.errors import named_pattern
 from testbed.spec.loader import load_model
 from testbed.spec.topology import NAME_PATTERN
 
@@ -16,15 +17,20 @@ class HostSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    name: str = Field(pattern=named_pattern(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", "a host name: a letter or digit, "
+                                            "then up to 62 letters, digits, _, . or -"))
     address: str
     port: int = Field(22, ge=1, le=65535)
-    user: str = Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    user: str = Field(pattern=named_pattern(r"^[a-z_][a-z0-9_-]{0,31}$", "a user name: a lowercase letter or _, "
+                                            "then up to 31 lowercase letters, digits, _ or -"))
     key: str  # private key file
-    interface: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")  # the interface carrying inter-DC traffic
+    interface: str = Field(pattern=named_pattern(r"^[A-Za-z0-9_.:-]{1,15}$", "an interface name: 1 to 15 letters, "
+                                                 "digits, _, ., : or -"))  # the interface carrying inter-DC traffic
     sudo: bool = False
-    python: str = Field("python3", pattern=r"^[A-Za-z0-9_./+-]+$")
-    workdir: str = Field("/tmp/testbed", pattern=r"^/[A-Za-z0-9_./-]*$")  # testbed's files on the host live below
+    python: str = Field("python3", pattern=named_pattern(r"^[A-Za-z0-9_./+-]+$", "a command or path of letters, "
+                                                         "digits, _, ., /, + or -"))
+    workdir: str = Field("/tmp/testbed", pattern=named_pattern(r"^/[A-Za-z0-9_./-]*$", "an absolute path of "
+                                                               "letters, digits, _, ., / or -"))  # testbed's files on the host live below
 
     @field_validator("address")
     @classmethod
