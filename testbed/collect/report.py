@@ -55,6 +55,20 @@ def _primary(agg: pd.DataFrame) -> str | None:
     return keys[0] if keys else None
 
 
+def _axis_label(key: str | None) -> str:
+    from testbed.model.labels import key_label
+
+    return key_label(key) if key else "strategy"
+
+
+def _people_axes(ax, percent: bool) -> None:
+    """% or thousands separators on y."""
+    import matplotlib.ticker
+
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0) if percent else
+                                 matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+
+
 def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[str, str]]:
     plt = _plt()
     out = run_dir / "plots"
@@ -62,6 +76,8 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
     made: list[tuple[str, str]] = []
     if agg.empty or "tokens_per_s" not in agg:
         return made
+    from testbed.model.labels import value_label
+
     key = _primary(agg)
     shaped = agg[agg["baseline"] == "False"]
     metrics = [("throughput.png", "tokens_per_s")]
@@ -72,20 +88,22 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
     for name, metric in metrics:
         fig, ax = plt.subplots(figsize=(7, 4))
         for strategy, group in shaped.groupby("strategy", sort=False):
-            x = group[key].tolist() if key else [strategy]
+            x = [value_label(key, v) for v in group[key]] if key else [strategy]  # '20 ms', not 20ms
             ax.plot(x, group[metric].tolist(), marker="o", label=strategy)
         if metric != "tokens_per_s":
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.axhline(EFFICIENCY_FLOOR, color="grey", lw=0.8, ls="--")
-        ax.set(xlabel=key or "strategy", ylabel=metric.replace("_", " "),
-               title=f"{metric.replace('_', ' ')} per strategy")
+        label = {"tokens_per_s": "tokens/s", "efficiency_vs_single_site": "efficiency against single site",
+                 "scaling_efficiency": "efficiency against its own single site"}[metric]
+        ax.set(xlabel=_axis_label(key), ylabel=label, title=f"{label} per strategy")
         ax.set_ylim(bottom=0)
+        _people_axes(ax, percent=metric != "tokens_per_s")
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
         plt.close(fig)
-        made.append((f"plots/{name}", f"{metric.replace('_', ' ')} vs {key or 'strategy'}"))
+        made.append((f"plots/{name}", f"{label} against {_axis_label(key)}"))
 
     ok = summary[(summary["status"] == "ok") & ~summary["baseline"]]
     if not ok.empty and "inter_dc_gb_per_step" in ok:
@@ -134,7 +152,44 @@ def _percent(value: float | None) -> str:
 
 
 def _at(row: pd.Series, keys: list[str]) -> str:
-    return ", ".join(f"{key} = {row[key]}" for key in keys)
+    """A sweep point for people: 'east–west latency 20 ms'."""
+    from testbed.model.labels import point_label
+
+    return point_label({key: row[key] for key in keys})
+
+
+PEOPLE = {  # column: (heading, format) of the report's tables; nan reads "-"
+    "tokens_per_s": ("tokens/s", "{:,.0f}"), "tokens_per_s_predicted": ("tokens/s predicted", "{:,.0f}"),
+    "step_s_median": ("step s (median)", "{:,.3f}"), "step_s_p90": ("step s (p90)", "{:,.3f}"),
+    "step_s_mean": ("step s (mean)", "{:,.3f}"), "step_s_predicted": ("step s predicted", "{:,.3f}"),
+    "step_error": ("step error", "{:+.1%}"), "bytes_error": ("bytes error", "{:+.1%}"),
+    "efficiency_vs_single_site": ("vs single site", "{:.1%}"), "scaling_efficiency": ("vs its own single site", "{:.1%}"),
+    "exposed_comm_share": ("exposed communication", "{:.0%}"), "bubble_ratio": ("pipeline bubble", "{:.0%}"),
+    "inter_dc_gb_per_step": ("inter-DC MB/step", "MB"), "inter_dc_gb_per_step_predicted": ("inter-DC MB/step predicted", "MB"),
+    "workload_payload_inter_gb_per_step": ("payload MB/step", "MB"), "final_loss": ("final loss", "{:.3f}"),
+    "repetitions": ("repetitions", "{:,.0f}"), "model_explain": ("where the time goes", "{}"),
+}
+
+
+def for_people(table: pd.DataFrame) -> pd.DataFrame:
+    """A table of the report as people read it: sweep keys and values with units ('east–west latency', '20 ms'),
+    thousands separators, %, MB per step, '-' for no figure. The CSV files keep the plain numbers."""
+    from testbed.model.labels import key_label, value_label
+
+    shown = pd.DataFrame(index=table.index)
+    for column in table.columns:
+        values = table[column]
+        if column.startswith(("links[", "workload.")):
+            shown[key_label(column)] = [value_label(column, v) for v in values]
+        elif column == "baseline":
+            shown["single site"] = ["yes" if str(v) == "True" else "" for v in values]
+        elif column in PEOPLE:
+            heading, fmt = PEOPLE[column]
+            shown[heading] = ["-" if v is None or (isinstance(v, float) and pd.isna(v)) else
+                              f"{v * 1e3:,.2f}" if fmt == "MB" else fmt.format(v) for v in values]
+        else:
+            shown[column] = values
+    return shown
 
 
 def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
@@ -209,6 +264,22 @@ MODEL_TEXT = ("Each cell predicted by the calibrated cost model without its meas
               "the compute of its warm-up steps (synthetic compute: the setting). step error = predicted mean step / "
               "measured mean step - 1; bytes error = predicted / kernel-counted "
               "inter-DC bytes per step - 1.")
+
+
+def model_text(run_dir: Path) -> str:
+    """MODEL_TEXT, and the calibration the predictions used: the run's own, measured at its start, which replaced
+    the shipped reference calibration that `testbed plan` uses before a run."""
+    from testbed.model.calibration import provenance, reference_for
+    from testbed.model.predict import run_calibration
+
+    own = run_calibration(run_dir)
+    if own is None or not own.calibrated:
+        return MODEL_TEXT
+    profile = own.compute[0] if own.compute else None
+    _, reference = reference_for(*((profile.preset, profile.micro_batch, profile.seq_len) if profile else
+                                   (None, None, None)))
+    return (f"{MODEL_TEXT} Calibration: the run's own ({provenance(own)}); it replaced the shipped reference "
+            f"calibration ({provenance(reference)}) that `testbed plan` uses before a run.")
 
 
 def model_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -314,7 +385,7 @@ def build_report(run_dir: Path) -> Path:
                                                                                                  _plt())
     windows, sdc = fault_windows(results), sdc_table(results)
     notes = reading(summary, agg) + model_lines(summary, manifest.get("tcp"))
-    model = model_table(summary)
+    model = for_people(model_table(summary))
     calibration = []
     for result in results:
         for row in result.get("calibration", []):
@@ -325,7 +396,7 @@ def build_report(run_dir: Path) -> Path:
                               "tokens_per_s", "step_s_median", "step_s_p90", "efficiency_vs_single_site",
                               "scaling_efficiency", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step",
                               "workload_payload_inter_gb_per_step", "final_loss", "repetitions") if c in agg.columns]
-    main_table = agg[table_cols] if not agg.empty else agg
+    main_table = for_people(agg[table_cols]) if not agg.empty else agg
     links = pd.DataFrame([{"link": k, **v} for k, v in manifest.get("links", {}).items()])
     md = [f"# {manifest['experiment']}", "", manifest.get("description", "").strip(), "",
           f"- run: `{run_dir}`", f"- git commit: `{manifest.get('git_commit')}`, kernel `{manifest.get('kernel')}`, "
@@ -337,11 +408,11 @@ def build_report(run_dir: Path) -> Path:
     if checks:
         md += ["## Claims and thresholds", "", *[f"- {check_line(check)}" for check in checks], ""]
     md += ["## Results (median over repetitions)", "",
-           main_table.to_markdown(index=False, floatfmt=".3g") if not main_table.empty else "(none)", ""]
+           main_table.to_markdown(index=False, disable_numparse=True) if not main_table.empty else "(none)", ""]
     md += [f"![{title}]({path})" for path, title in images] + [""]
     if not model.empty:
-        md += ["## Predicted vs measured (cost model, testbed.model)", "", MODEL_TEXT, "",
-               model.to_markdown(index=False, floatfmt=".3g"), ""]
+        md += ["## Predicted vs measured (cost model, testbed.model)", "", model_text(run_dir), "",
+               model.to_markdown(index=False, disable_numparse=True), ""]
     md += ["## Links as the topology sets them (cells apply their sweep values; see the calibration)", "",
            links.to_markdown(index=False) if not links.empty else "(none)", ""]
     if not cal.empty:
@@ -372,7 +443,7 @@ def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], t
         return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)).replace("`", "")
 
     check_items = "".join(f"<li class={'pass' if c['passed'] else 'fail'}>{esc(check_line(c))}</li>" for c in checks)
-    model_html = "" if model.empty else ("<h2>Predicted vs measured (cost model)</h2><p>" + esc(MODEL_TEXT) + "</p>"
+    model_html = "" if model.empty else ("<h2>Predicted vs measured (cost model)</h2><p>" + esc(model_text(run_dir)) + "</p>"
                                          + model.to_html(index=False, float_format=lambda v: f"{v:.3g}"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(manifest['experiment'])}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}table{{border-collapse:collapse;

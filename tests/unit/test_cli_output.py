@@ -260,3 +260,52 @@ def test_compose_of_an_experiment_alone_is_compose_of_its_topology_and_it():
     alone = runner.invoke(app, ["compose", "experiments/quickstart.yaml"]).output
     both = runner.invoke(app, ["compose", "topologies/two-dc.yaml", "experiments/quickstart.yaml"]).output
     assert alone.splitlines()[1:] == both.splitlines()[1:]  # all but the header naming the command
+
+
+# --- the report, for people -------------------------------------------------------------------------------------
+
+def test_the_reports_tables_and_reading_are_for_people(tmp_path):
+    """A run with a sweep (written as `testbed run` writes it, ranks reporting with steplog): the Reading and the
+    Results table say 'east–west latency 20 ms', thousands separators, % and MB; summary.csv keeps the numbers."""
+    from testbed.collect.report import build_report
+    from testbed.steplog import StepLog
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"experiment": "labels", "warmup_steps": 1}))
+    key = "links[east,west].latency"
+    for started, (cell, sweep, wall) in enumerate([("command__baseline", {}, 0.001),
+                                                   ("command__latency-east-west=20ms", {key: "20ms"}, 0.002)]):
+        cell_dir = run_dir / "cells" / cell
+        (cell_dir / "metrics").mkdir(parents=True)
+        (cell_dir / "result.json").write_text(json.dumps({
+            "cell": {"id": cell, "strategy": "command", "baseline": not sweep, "repetition": 0, "sweep": sweep},
+            "status": "ok", "reason": "", "seconds": 9.0, "started": started,
+            "link_bytes": {"east->west": {"tx_bytes": 4_000_000}}}))
+        with StepLog(cell_dir / "metrics", rank=0) as log:
+            for _ in range(4):
+                log.step(tokens=100, loss=3.0, wall_s=wall)
+    build_report(run_dir)
+    report = (run_dir / "report.md").read_text()
+    assert "At east–west latency 20 ms: fastest is **command** at 50,000 tokens/s" in report
+    results = report.split("## Results", 1)[1].split("##", 1)[0]
+    assert "| east–west latency" in results and "| 20 ms" in results and "| 50,000" in results
+    assert "| 1.00 " in results  # MB per step: the 4 MB the kernel counted over the cell's 4 steps
+    assert "| 50.0%" in results  # against single site (100,000 tokens/s unshaped)
+    assert "links[" not in results and "nan" not in results
+    rows = list(csv.DictReader(open(run_dir / "summary.csv")))
+    assert float(next(r for r in rows if r["baseline"] == "False")["tokens_per_s"]) == pytest.approx(50_000)
+
+
+def test_the_reports_model_section_says_the_runs_calibration_replaced_the_reference(tmp_path):
+    from testbed.collect.report import MODEL_TEXT, model_text
+
+    assert model_text(tmp_path) == MODEL_TEXT  # no calibration of its own: nothing to say
+    _, calibration = reference_calibrations()[0]
+    calibration.source = {"measured": "2031-01-02T03:04:05+00:00", "host_cpus": 16, "kernel": "6.1.0"}
+    calibration.save(tmp_path / "calibration.json")
+    text = model_text(tmp_path)
+    assert "the run's own (measured 2031-01-02 03:04 UTC on 16 CPUs, kernel 6.1.0)" in text
+    profile = calibration.compute[0]
+    _, reference = reference_for(profile.preset, profile.micro_batch, profile.seq_len)
+    assert f"replaced the shipped reference calibration (measured {reference.source['measured'][:10]}" in text
