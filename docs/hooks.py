@@ -225,34 +225,19 @@ def _with_units(schema: dict, models: dict[str, type]) -> dict:
     return schema
 
 
-def _units_table() -> str | None:
-    """The units table, where testbed.spec.units offers one as markdown."""
-    from testbed.spec import units
-
-    for name in dir(units):
-        if "table" in name and "markdown" in name and callable(getattr(units, name)):
-            return getattr(units, name)()
-    return None
-
-
 def formats_page() -> str:
     """Topology, experiment, scenario and inventory files: a table of each model's fields and its JSON Schema."""
     from testbed.spec.experiment import Experiment
     from testbed.spec.inventory import Inventory
     from testbed.spec.scenario import Scenario
     from testbed.spec.topology import Topology
+    from testbed.spec.units import units_table_markdown
 
     lines = ["# File formats", "",
              "Generated from the pydantic models that load the files: what is listed here is what is accepted. "
              "Any other key, a wrong unit or a value out of range is refused with one line naming the file and "
              "the field, exit status 2, before anything is built.", ""]
-    table = _units_table()
-    if table:
-        lines += ["## Units", "", table.strip(), ""]
-    else:
-        lines += ["Durations, distances, rates and fractions are written with their unit (`latency: 20ms`, "
-                  "`distance: 400km`, `bandwidth: 1gbit`, `loss: 1%`); the schemas below show the value as it is "
-                  "held once parsed.", ""]
+    lines += ["## Units", "", units_table_markdown().strip(), ""]
     models = _spec_models()
     for title, model, example in (("Topology", Topology, "topologies/two-dc.yaml"),
                                   ("Experiment", Experiment, "experiments/quickstart.yaml"),

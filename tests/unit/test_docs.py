@@ -50,6 +50,7 @@ def test_formats_and_strategies_come_from_the_models():
     formats = hooks.formats_page()
     for field in Topology.model_fields:
         assert f"| `{field}` |" in formats
+    assert "## Units" in formats and "`1gbit`" in formats  # testbed.spec.units' own table
     # a unit field is described as the text a file holds (`latency: 20ms`), not as the number it becomes
     assert "| `latency` | duration (`20ms`) or none |" in formats and "| `bandwidth` | rate (`1gbit`) or none |" in formats
     strategies = hooks.strategies_page()
