@@ -38,6 +38,10 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "TESTBED_IMAGE": ("user", "the docker image of `--backend docker` (default `testbed:latest`)"),
     "TESTBED_DELAY_LINE_RT": ("user", "`0` runs the userspace delay line without `SCHED_FIFO`"),
     "TESTBED_PROBE_RT": ("user", "`0` runs the probe's pinger and echo without `SCHED_FIFO`"),
+    "TESTBED_DELAY_LINE_COMPENSATE": ("user", "`0` makes the delay line aim each packet at its due time itself, "
+                                              "not ahead of it by its own measured release path"),
+    "TESTBED_OWNERS_DIR": ("user", "where the lock files that say which process holds a testbed live (default "
+                                   "`testbed-owners/` in the state's root)"),
     "TESTBED_THREADS_PER_RANK": ("user, rank", "intra-op threads per rank (default 1)"),
     "TESTBED_DIST_BACKEND": ("user, rank", "`gloo` or `nccl`: the process-group backend outright (default: NCCL "
                                            "where every rank has a GPU of its own, else gloo)"),
@@ -51,6 +55,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                       "plus 60 s, at least 300 s)"),
     "TESTBED_GPU_SHARERS": ("harness", "how many ranks share this machine's GPUs"),
     "TESTBED_GPU_SLOT": ("harness", "this rank's place among them"),
+    "TESTBED_TOKENS_PER_STEP": ("harness", "`run --tokens-per-step N`: tokens per step of all ranks together, for "
+                                           "the figures of a script that does not report its own"),
     "TESTBED_CHECKPOINT_DIR": ("harness", "where a cell with `checkpoint_every` writes its checkpoints"),
     "TESTBED_CHECKPOINT_EVERY": ("harness", "steps between checkpoints"),
     "TESTBED_CHECKPOINT_LOCAL": ("harness", "every rank checkpoints its own state (docker, ssh: no shared files)"),
