@@ -407,16 +407,22 @@ def run(ctx: typer.Context,
         known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
         check_: bool = typer.Option(False, "--check", help="Then check the thresholds (as `testbed check`): "
                                                             "exit 1 when one is missed."),
-        image: Optional[str] = ImageOption, adopt: bool = AdoptOption, prefix: str = PrefixOption) -> None:
+        image: Optional[str] = ImageOption, adopt: bool = AdoptOption,
+        prefix: Optional[str] = typer.Option(None, "--prefix", show_default="a free tb-runN-", help="Name prefix of "
+                                             "every kernel object (env TESTBED_PREFIX); without either, one of the "
+                                             "run's own, so that runs go side by side (with --adopt: tb-).")) -> None:
     """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report.
-    Exit 1 when a cell failed (or, with --check, a threshold was missed)."""
+    Exit 1 when a cell failed (or, with --check, a threshold was missed, or the disk is full)."""
     from testbed.fabric import cancel
     from testbed.runner.experiment import run_command, run_experiment
     from testbed.runner.progress import RunProgress
+    from testbed.runner.space import OutOfSpace
 
     chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
     cancel.install()
     progress = RunProgress(err)
+    # compose's containers (--adopt) carry the prefix `testbed compose` gave them, tb- unless told otherwise
+    prefix = prefix or os.environ.get("TESTBED_PREFIX") or (DEFAULT_PREFIX if adopt else None)
     try:
         if topology is not None:
             command = ([str(experiment)] if experiment else []) + list(ctx.args)
@@ -431,11 +437,12 @@ def run(ctx: typer.Context,
             run_dir = _guard(lambda: run_experiment(experiment, out_dir, prefix=prefix, shaper=shaper, resume=resume,
                                                     only=only, progress=progress, backend=chosen_backend,
                                                     launcher=launcher, meanwhile=_ready_the_report))
+    except OutOfSpace as error:
+        progress.stop()
+        _fail(str(error), 1)
     finally:
         progress.stop()
-    from testbed.collect.report import build_report  # pandas and matplotlib: not for a file refused at load time
-
-    build_report(run_dir)
+    _build_report(run_dir)
     report = run_dir / "report.html"
     out.print(f"[green]done[/green]: {run_dir}" + (f"\nreport: {report}" if report.exists() else ""))
     passed = _gate(run_dir, rebuild=False) if check_ else _cells_passed(run_dir)
@@ -505,11 +512,22 @@ def _is_experiment(path: Path) -> bool:
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run directory (results/<experiment>/<run>).")) -> None:
     """Rebuild the tables, plots and report of a run directory."""
-    from testbed.collect.report import build_report
-
     if not (run_dir / "manifest.json").exists():
         _fail(f"{run_dir}: not a run directory (no manifest.json)")
-    out.print(f"report: {build_report(run_dir)}")
+    out.print(f"report: {_build_report(run_dir)}")
+
+
+def _build_report(run_dir: Path) -> Path:
+    """build_report, with a full disk as one line (exit 1) that says the cells are kept and how to finish."""
+    from testbed.collect.report import build_report  # pandas and matplotlib: not for a file refused at load time
+    from testbed.runner.space import OutOfSpace, kept_cells, stop_when_full
+
+    try:
+        with stop_when_full(run_dir, len(kept_cells(run_dir))):
+            return build_report(run_dir)
+    except OutOfSpace as error:
+        _fail(str(error), 1)
+        raise
 
 
 @app.command()

@@ -368,6 +368,17 @@ def lateness_table(results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def shared_lines(manifest: dict) -> list[str]:
+    """A note when other testbeds were held on this machine during the run (the manifest's shared_host): their
+    ranks took the same CPUs, so timings carry their load."""
+    others = manifest.get("shared_host") or []
+    if not others:
+        return []
+    named = "; ".join(f"{o['prefix']} (pid {o['pid']}, {o['command']})" for o in others)
+    return [f"**shared machine**: {len(others)} other testbed(s) ran on this machine's {manifest.get('host_cpus')} "
+            f"CPUs during this run ({named}): step times include their load"]
+
+
 def build_report(run_dir: Path) -> Path:
     """Write steps.csv, summary.csv, summary_by_point.csv, thresholds.json, plots/, report.md, report.html."""
     run_dir = Path(run_dir)
@@ -384,7 +395,7 @@ def build_report(run_dir: Path) -> Path:
     images = plots(run_dir, summary, agg, steps) + model_plot(run_dir, summary) + timeline_plot(run_dir, results, steps,
                                                                                                  _plt())
     windows, sdc = fault_windows(results), sdc_table(results)
-    notes = reading(summary, agg) + model_lines(summary, manifest.get("tcp"))
+    notes = reading(summary, agg) + model_lines(summary, manifest.get("tcp")) + shared_lines(manifest)
     model = for_people(model_table(summary))
     calibration = []
     for result in results:

@@ -31,6 +31,8 @@ from testbed.fabric.backend import Backend
 from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
+from testbed.fabric.ownership import Owner, claim, claim_free, live_owners, release
+from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
@@ -39,6 +41,15 @@ from testbed.runner.hostcpu import StealSampler
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters, node_tcp
 from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
 from testbed.runner.restarts import checkpoint_env, restart_figures
+from testbed.runner.space import (
+    OutOfSpace,
+    cell_bytes,
+    check_room,
+    free_bytes,
+    full_line,
+    run_bytes,
+    stop_when_full,
+)
 from testbed.spec.experiment import Experiment, load_experiment
 from testbed.spec.faults import Fault
 from testbed.spec.topology import load_topology
@@ -264,12 +275,16 @@ def latest_run(out_root: Path, name: str) -> Path | None:
     return runs[-1] if runs else None
 
 
-def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "auto", resume: bool = False,
-                   only: str | None = None, progress: Any = None, backend: str | Backend = registry.DEFAULT,
-                   launcher: str = "auto", meanwhile: Callable[[], None] | None = None) -> Path:
+def run_experiment(path: Path, out_root: Path, *, prefix: str | None = None, shaper: str = "auto",
+                   resume: bool = False, only: str | None = None, progress: Any = None,
+                   backend: str | Backend = registry.DEFAULT, launcher: str = "auto",
+                   meanwhile: Callable[[], None] | None = None) -> Path:
     """Run (or resume) an experiment; returns the run directory (its report is testbed.collect's to build).
-    Tears the fabric down whatever happens. `launcher`: how ranks start (testbed.runner.ranks.LAUNCHERS).
-    `meanwhile`: work to do while the fork server imports torch (the CLI readies the report's plotting)."""
+    Tears the fabric down whatever happens. `prefix`: None for one of the run's own that nobody else holds
+    (ownership.claim_free), so that runs go side by side. `launcher`: how ranks start
+    (testbed.runner.ranks.LAUNCHERS). `meanwhile`: work to do while the fork server imports torch (the CLI readies
+    the report's plotting). OutOfSpace before the testbed comes up when the results' file system has too little
+    room for the run, and as soon as a write fails for want of space (what was kept stays; --resume finishes)."""
     fork = launcher_forks(launcher, backend)
     experiment, topology = load_experiment(path)
     cells = plan_cells(experiment, topology)
@@ -278,31 +293,89 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str, shaper: str = "au
     run_dir = latest_run(out_root, experiment.name) if resume else None
     if run_dir is None:
         run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
     todo = [c for c in cells if not complete(run_dir / "cells" / c.id)]
-    if progress:
-        progress.start(len(cells), len(cells) - len(todo), run_dir)
-    with fabric(topology, path, prefix, shaper, backend) as testbed, fork_server(testbed, fork and bool(todo),
-                                                                                   run_dir, meanwhile) as forks:
-        if not (run_dir / "manifest.json").exists():
-            atomic_write(run_dir / "manifest.json", json.dumps(manifest(experiment, path, testbed), indent=1))
-        if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
-            calibrate_for_model(testbed, run_dir, experiment, progress, forks)
-        for cell in todo:
-            cancel.check()
-            argv = workload_argv(cell.workload_args())
+    ranks = sum(dc.nodes for dc in topology.dcs) * experiment.workload.ranks_per_node
+    check_room(run_dir, run_bytes(todo, ranks, experiment.restarts), f"this run ({len(todo)} cells of {ranks} ranks)")
+    resume_argv = ["testbed", "run", str(path), "--resume"] + (["--out", str(out_root)] if out_root != Path("results")
+                                                                else []) + (["--only", only] if only else [])
+    prefix = hold(prefix)
+    beside: dict[str, Owner] = {}
+    try:
+        with stop_when_full(run_dir, len(cells), resume_argv):
+            run_dir.mkdir(parents=True, exist_ok=True)
             if progress:
-                progress.cell(cell)
-            result = run_cell(testbed, cell, argv, run_dir / "cells" / cell.id, experiment.cell_timeout,
-                              experiment.calibrate, experiment.workload.ranks_per_node,
-                              on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress else None,
-                              faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
-                              sdc_replay=experiment.sdc_replay, sdc_replay_by=experiment.sdc_replay_by, forks=forks,
-                              restarts=0 if cell.baseline else experiment.restarts,
-                              checkpoint_every=experiment.checkpoint_every)
-            if progress:
-                progress.done(cell, result)
-    return finish_run(run_dir)
+                progress.start(len(cells), len(cells) - len(todo), run_dir)
+                progress.console.print(f"[dim]testbed prefix: {prefix}[/dim]")
+            with fabric(topology, path, prefix, shaper, backend) as testbed, \
+                    fork_server(testbed, fork and bool(todo), run_dir, meanwhile) as forks:
+                note_beside(beside, prefix)
+                if not (run_dir / "manifest.json").exists():
+                    atomic_write(run_dir / "manifest.json", json.dumps(manifest(
+                        experiment, path, testbed, {"prefix": prefix, "shared_host": shared_host(beside)}), indent=1))
+                if todo and experiment.calibrate != "none" and not (run_dir / CALIBRATION_FILE).exists():
+                    calibrate_for_model(testbed, run_dir, experiment, progress, forks)
+                for cell in todo:
+                    cancel.check()
+                    restarts = 0 if cell.baseline else experiment.restarts
+                    room_for_cell(run_dir, cell_bytes(cell, ranks, restarts), len(cells), resume_argv)
+                    note_beside(beside, prefix)
+                    argv = workload_argv(cell.workload_args())
+                    if progress:
+                        progress.cell(cell)
+                    cell_dir = run_dir / "cells" / cell.id
+                    result = run_cell(testbed, cell, argv, cell_dir, experiment.cell_timeout,
+                                      experiment.calibrate, experiment.workload.ranks_per_node,
+                                      on_tick=(lambda d, c=cell: progress.tick(d, c.options["steps"])) if progress
+                                      else None,
+                                      faults=[] if cell.baseline else experiment.faults, seed=experiment.workload.seed,
+                                      sdc_replay=experiment.sdc_replay, sdc_replay_by=experiment.sdc_replay_by,
+                                      forks=forks, restarts=restarts, checkpoint_every=experiment.checkpoint_every)
+                    failed_for_room(cell_dir, result, cell_bytes(cell, ranks, restarts), len(cells), resume_argv)
+                    if progress:
+                        progress.done(cell, result)
+                note_beside(beside, prefix)
+            return finish_run(run_dir, shared_host(beside))
+    finally:
+        release(prefix)  # a run's own prefix, also when the testbed never came up
+
+
+def hold(prefix: str | None) -> str:
+    """Hold the run's prefix before anything is written: the one given, or one of its own that nobody holds."""
+    if prefix:
+        claim(prefix, "another testbed does not come up under its prefix")
+        return prefix
+    return claim_free(DEFAULT_PREFIX, "it is not touched while that run lives")
+
+
+def note_beside(beside: dict[str, Owner], prefix: str) -> None:
+    """Add the testbeds other live processes hold now (they share this machine's cores) to `beside`."""
+    for owner in live_owners():
+        if owner.prefix != prefix:
+            beside.setdefault(f"{owner.prefix} {owner.pid}", owner)
+
+
+def shared_host(beside: dict[str, Owner]) -> list[dict]:
+    """The manifest's `shared_host`: the other testbeds seen held on this machine during the run (at its start,
+    before each cell and at its end): their prefix, pid, command and start. Empty: the run had the machine's
+    cores to itself, as far as testbeds go."""
+    return [{"prefix": o.prefix, "pid": o.pid, "command": o.command, "started": o.started} for o in beside.values()]
+
+
+def room_for_cell(run_dir: Path, needed: int, total: int, resume: list[str] | None) -> None:
+    """Stop before a cell whose files cannot be written (its estimate is more than the space left)."""
+    if free_bytes(run_dir) < needed:
+        raise OutOfSpace(full_line(run_dir, total, resume))
+
+
+def failed_for_room(cell_dir: Path, result: dict, needed: int, total: int, resume: list[str] | None) -> None:
+    """A cell that failed while the disk was full (its ranks could not write) is not kept as a failure: its
+    result goes (--resume runs it again) and the run stops."""
+    if result["status"] == "ok":
+        return
+    said = any("No space left" in line for line in result.get("log_tail") or [])
+    if said or free_bytes(cell_dir) < needed:
+        (cell_dir / "result.json").unlink(missing_ok=True)
+        raise OutOfSpace(full_line(cell_dir.parent.parent, total, resume))
 
 
 def launcher_forks(launcher: str, backend: str | Backend) -> bool:
@@ -362,10 +435,14 @@ def fabric(topology, topology_file: Path, prefix: str, shaper: str, backend: str
         tear_down(prefix)
 
 
-def finish_run(run_dir: Path) -> Path:
-    """Add every cell's link calibration and the end time to the manifest."""
+def finish_run(run_dir: Path, shared: list[dict] | None = None) -> Path:
+    """Add every cell's link calibration, the end time and (given) the other testbeds seen on this machine
+    during the run to the manifest."""
     path = run_dir / "manifest.json"
     data = json.loads(path.read_text())
+    if shared is not None:
+        seen = {(o["prefix"], o["pid"]) for o in data.get("shared_host", [])}
+        data["shared_host"] = data.get("shared_host", []) + [o for o in shared if (o["prefix"], o["pid"]) not in seen]
     results = sorted((json.loads(p.read_text()) for p in (run_dir / "cells").glob("*/result.json")),
                      key=lambda result: result.get("started", 0.0))
     data["calibration"] = {r["cell"]["id"]: r.get("calibration", []) for r in results}
@@ -374,13 +451,15 @@ def finish_run(run_dir: Path) -> Path:
     return run_dir
 
 
-def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str, shaper: str = "auto",
+def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str | None = None,
+                shaper: str = "auto",
                 ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None,
                 backend: str | Backend = registry.DEFAULT, baseline: bool = False, warmup_steps: int = 2) -> Path:
     """Bring your own workload: run `command` as every rank across the emulated DCs, with the same env,
     logs, counters and manifest as an experiment (one cell named `command`; with `baseline`, first a cell
     `command__baseline` with every inter-DC link unshaped). Steps the command reports (testbed.steplog) get
-    the built-in workload's figures, the first `warmup_steps` left out."""
+    the built-in workload's figures, the first `warmup_steps` left out. `prefix` and a full disk as in
+    run_experiment (the command's own files are not in the estimate: only the harness's)."""
     topology = load_topology(topology_path)
     experiment = Experiment(name=f"command-{topology.name}", topology=str(topology_path),
                             strategies=[{"name": "flat-dp"}], baseline="auto" if baseline else "none",
@@ -391,16 +470,30 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
         unshaped = {key: dataclasses.asdict(UNSHAPED) for key in links}
         cells.insert(0, Cell("command__baseline", "command", {"steps": 0}, unshaped, baseline=True))
     run_dir = out_root / experiment.name / datetime.now().strftime("%Y%m%d-%H%M%S")
-    with fabric(topology, topology_path, prefix, shaper, backend) as testbed:
-        atomic_write(run_dir / "manifest.json", json.dumps(
-            manifest(experiment, None, testbed, {"command": command, "warmup_steps": warmup_steps}), indent=1))
-        if progress:
-            progress.start(len(cells), 0, run_dir)
-        for cell in cells:
-            cancel.check()
+    ranks = sum(dc.nodes for dc in topology.dcs) * ranks_per_node
+    check_room(run_dir, run_bytes(cells, ranks), f"this run ({len(cells)} cells of {ranks} ranks)")
+    prefix = hold(prefix)
+    beside: dict[str, Owner] = {}
+    try:
+        with stop_when_full(run_dir, len(cells)), fabric(topology, topology_path, prefix, shaper, backend) as testbed:
+            note_beside(beside, prefix)
+            atomic_write(run_dir / "manifest.json", json.dumps(
+                manifest(experiment, None, testbed, {"command": command, "warmup_steps": warmup_steps,
+                                                     "prefix": prefix, "shared_host": shared_host(beside)}), indent=1))
             if progress:
-                progress.cell(cell)
-            result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
-            if progress:
-                progress.done(cell, result)
-    return finish_run(run_dir)
+                progress.start(len(cells), 0, run_dir)
+                progress.console.print(f"[dim]testbed prefix: {prefix}[/dim]")
+            for cell in cells:
+                cancel.check()
+                room_for_cell(run_dir, cell_bytes(cell, ranks), len(cells), None)
+                note_beside(beside, prefix)
+                if progress:
+                    progress.cell(cell)
+                result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
+                failed_for_room(run_dir / "cells" / cell.id, result, cell_bytes(cell, ranks), len(cells), None)
+                if progress:
+                    progress.done(cell, result)
+            note_beside(beside, prefix)
+            return finish_run(run_dir, shared_host(beside))
+    finally:
+        release(prefix)
