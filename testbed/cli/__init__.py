@@ -7,9 +7,20 @@ import os
 import sys
 from pathlib import Path
 
+from typer.core import TyperOption
+
 from testbed.cli.commands import app, err
 
 EXIT_INTERNAL = 70  # an unexpected exception: a bug; the traceback is in a log file
+_type_placeholder = TyperOption.display_type_rich
+
+
+def _flag_has_no_placeholder(option: TyperOption, ctx: object) -> str | None:
+    """Help shows `--dry-run`, not `--dry-run <bool>`: a flag takes no value (typer prints its type for all)."""
+    return None if option.is_flag else _type_placeholder(option, ctx)
+
+
+TyperOption.display_type_rich = _flag_has_no_placeholder
 
 
 def crash_log_dir() -> Path:

@@ -275,6 +275,21 @@ def calculator_table(s: Scenario) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def answers_for_people(ans: pd.DataFrame) -> pd.DataFrame:
+    """The answers as the terminal shows them: %, thousands separators, 'never' where no bandwidth or distance
+    reaches the target (answers.csv keeps the numbers, empty there)."""
+    def amount(value: Any, cap: float | None = None) -> str:
+        if value is None or pd.isna(value):
+            return "never"
+        return f">= {cap:,.0f}" if cap is not None and value >= cap else f"{value:,.0f}"
+
+    return pd.DataFrame({"strategy": ans["strategy"], "efficiency": [f"{v:.1%}" for v in ans["efficiency"]],
+                         "step s": [f"{v:,.2f}" for v in ans["step_s"]],
+                         "bandwidth for target (Gbit/s)": [amount(v) for v in ans["bandwidth_for_target_gbit"]],
+                         "distance for target (km)": [amount(v, 20_000) for v in ans["distance_for_target_km"]],
+                         "note": ans["note"]})
+
+
 def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
     """table.csv, answers.csv, efficiency.png (against distance and against bandwidth) and report.md."""
     import matplotlib
@@ -322,14 +337,21 @@ def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, 
     md = [f"# what-if: {s.name}", "", s.description.strip(), "",
           f"Single-site step: {compute_seconds(s):.2f} s ({s.gpus_per_dc} GPUs per DC x {s.dcs} DCs, "
           f"{s.gpu.peak_tflops:g} TFLOP/s at MFU {s.gpu.mfu:.0%}).", "",
-          f"## Answers at the reference point: {reference_text(s)}", "", ans.to_markdown(index=False, floatfmt=".3g"),
+          f"## Answers at the reference point: {reference_text(s)}", "",
+          answers_for_people(ans).to_markdown(index=False, disable_numparse=True),
           "", chosen["line"][0].upper() + chosen["line"][1:] + ".", "", scale_text(s), "",
           "## Published", "", *[f"- `{k}`: {v}" for k, v in s.published.items()], "",
           "## Assumed", "", *[f"- `{k}`: {v}" for k, v in s.assumed.items()], "",
           "![efficiency](efficiency.png)", ""]
     if not beside.empty:
         md += ["## Beside the DiLoCo bandwidth calculators", "", CALCULATOR_TEXT, "",
-               beside.to_markdown(index=False, floatfmt=".3g"), ""]
+               pd.DataFrame({"strategy": beside["strategy"],
+                             "bandwidth (Gbit/s)": [f"{v:,g}" for v in beside["bandwidth_gbit"]],
+                             "distance (km)": [f"{v:,.0f}" for v in beside["distance_km"]],
+                             "utilisation, ours": [f"{v:.1%}" for v in beside["utilisation_ours"]],
+                             "utilisation, calculators' formula": [
+                                 f"{v:.1%}" for v in beside["utilisation_calculator_formula"]]}
+                            ).to_markdown(index=False, disable_numparse=True), ""]
     (out_dir / "report.md").write_text("\n".join(md))
     return {"table": out_dir / "table.csv", "answers": out_dir / "answers.csv", "plot": out_dir / "efficiency.png",
             "report": out_dir / "report.md"}

@@ -212,7 +212,9 @@ def test_whatif_prints_its_reference_point_and_a_recommendation(tmp_path):
     assert proc.stdout.startswith(f"reference point: {data['reference']['text']}")
     assert "1,000 km and 1.6 Tbit/s" in data["reference"]["text"]
     assert data["recommendation"]["line"] in proc.stdout
-    assert "recommended at 1,000 km" in (tmp_path / "report.md").read_text().lower()
+    report = (tmp_path / "report.md").read_text()
+    assert "recommended at 1,000 km" in report.lower()
+    assert "| never" in report and "nan" not in report  # flat-dp reaches the target at no bandwidth
 
 
 def test_whatif_prefers_a_strategy_that_keeps_the_optimiser_when_it_reaches_the_target():
@@ -309,3 +311,16 @@ def test_the_reports_model_section_says_the_runs_calibration_replaced_the_refere
     profile = calibration.compute[0]
     _, reference = reference_for(profile.preset, profile.micro_batch, profile.seq_len)
     assert f"replaced the shipped reference calibration (measured {reference.source['measured'][:10]}" in text
+
+
+def test_help_has_no_bool_placeholder_and_every_command_takes_h():
+    import typer.main
+
+    runner = CliRunner()
+    group = typer.main.get_command(app)
+    names = [[name] for name in group.commands if name != "hosts"] + [["hosts", "check"]]
+    assert ["plan"] in names and ["whatif"] in names
+    for name in names:
+        result = runner.invoke(app, [*name, "-h"], terminal_width=200)
+        assert result.exit_code == 0, (name, result.output)
+        assert "<bool>" not in result.output, name
