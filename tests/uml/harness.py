@@ -37,6 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +47,11 @@ from tests.uml import fxsave, reaper
 KERNEL = Path("/usr/bin/linux.uml")
 MODULES = Path("/usr/lib/uml/modules")
 INSIDE_ENV = "TESTBED_IN_UML"  # set for the command: tests and benchmarks know where they run
+LAB_ENV = "TESTBED_UML_LAB"  # set for the command: its run's lab directory on the host, seen through hostfs
+REALTIME_ENV = "TESTBED_UML_RT"  # 0: host_realtime() asks for nothing (to measure what it changes)
+REALTIME_ASKED, REALTIME_GIVEN = "realtime.asked", "realtime.given"  # files in the lab: the guest's ask, the answer
 DEFAULT_MODULES = ("ipv6",)
-KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "CI", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "CI", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "TESTBED_UML_RT")
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,7 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
     variables = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
     variables.update(env or {})
     variables[INSIDE_ENV] = "1"
+    variables[LAB_ENV] = str(work)
     envfile.write_text(_exports(variables))
     output.write_text("")
     # every process inside, the kernel's module loader included: a CPU with AMX keeps only the FXSAVE state
@@ -259,14 +265,15 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
         proc = subprocess.Popen(kernel_argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=work,
                                 env=_kernel_env(work))
-        shown = 0
+        shown, realtime = 0, False
         try:
             while True:
                 try:
-                    proc.wait(timeout=0.5)
+                    proc.wait(timeout=0.1)
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                realtime = _answer_realtime(work, realtime)
                 if stream is not None:
                     shown = _show(output, shown, stream)
                 if time.monotonic() - start > timeout or (cancel is not None and cancel.is_set()):
@@ -289,6 +296,55 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
         if not fx and "ptrace set fp regs failed" in console:
             return Result(code, text, seconds, fp_regs_refused=True)
     return Result(code, text, seconds)
+
+
+@contextmanager
+def host_realtime(timeout: float = 5.0) -> Iterator[bool]:
+    """Inside UML, for a measurement of timing: the host runs this kernel's processes SCHED_RR (priority 1) for the
+    block, as the probe's own pinger runs SCHED_FIFO on a host (testbed/agents/probe.py); yields whether it does.
+
+    Why: each netem hop of a path waits on a timer, and each expiry needs the host to wake UML's process; beside
+    busy host processes an ordinary wake-up waits for a CPU, so the excess grows with the hops of the path. Measured
+    with tests/uml/hops.py (ping over a chain of namespaces, netem 5 ms a hop each way, 200 pings, medians beyond
+    2 H x 5 ms, with two `python3 -c 'while True: pass'` beside, 2-core host, other helpers' tests running, load
+    3-5; 2026-11-28): 1/2/3 hops 0.04/0.23/1.21 ms, p90 11.3/23.9/35.9 ms; nice -15: 0.11/0.21/1.21 ms, p90
+    15.0/20.5/36.3; SCHED_RR: 0.00/0.19/0.20 ms, p90 10.2/20.4/30.4. Quiet: 0.03/0.10/0.40 ms.
+    Outside UML, or with $TESTBED_UML_RT=0, nothing is asked."""
+    lab = os.environ.get(LAB_ENV)
+    if not lab or not inside() or os.environ.get(REALTIME_ENV) == "0":
+        yield False
+        return
+    asked, given = Path(lab) / REALTIME_ASKED, Path(lab) / REALTIME_GIVEN
+    asked.write_text("1\n")
+    deadline = time.monotonic() + timeout
+    while not given.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield given.exists()
+    finally:
+        asked.unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout
+        while given.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _answer_realtime(work: Path, given: bool) -> bool:
+    """On the host, from the boot's wait loop: what host_realtime() inside asks, done; whether it is given now."""
+    asked = (work / REALTIME_ASKED).exists()
+    if asked == given:
+        return given
+    policy, priority = (os.SCHED_RR, 1) if asked else (os.SCHED_OTHER, 0)
+    for pid in reaper.processes_of(work):
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            try:
+                os.sched_setscheduler(int(task.name), policy, os.sched_param(priority))
+            except OSError:
+                continue  # ended meanwhile
+    if asked:
+        (work / REALTIME_GIVEN).write_text("1\n")
+    else:
+        (work / REALTIME_GIVEN).unlink(missing_ok=True)
+    return asked
 
 
 def _exports(variables: dict[str, str]) -> str:

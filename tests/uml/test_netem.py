@@ -3,6 +3,13 @@
 Bounds are looser than on the host: UML has one CPU and coarser timing (its probe p99 is several ms where the
 host's is sub-ms), so these tests prove that the netem path works, is changed in place and is removed; the
 host's benchmarks stay the fidelity reference. A silent fall-back to the userspace delay line fails them.
+
+Round trips are held against the configured ones net of what UML itself adds on the same route, measured in the
+same boot just before (route_round_trips_ms: the route's netem qdiscs held at 0 delay), and measured while the
+host runs UML's processes real-time (harness.host_realtime): each netem hop's timer needs the host to wake UML,
+and beside busy host processes those wake-ups came late, more so the more hops a path has (figures in
+host_realtime's docstring; the issue's failures: 1.82 ms beyond 20 ms on one hop, 5.27 ms beyond 50 ms, against
+UML's own unshaped round trip inside one DC).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import pytest
 
 from testbed.fabric.lifecycle import attach
 from testbed.runner.probe import _run_agent, _Server
+from tests.uml.harness import host_realtime
 
 from ..conftest import ROOT, jittered_uniformly, namespaces_with, run_cli
 
@@ -51,6 +59,25 @@ def uml_round_trip_ms(testbed) -> float:
     adds to every round trip (ptrace'd Python endpoints; ~1 ms here, more while the host is busy), taken off
     before a measured RTT is held against the configured one. On the host this is ~0.1 ms."""
     return statistics.median(pings(testbed, "east-0", "east-1", 100, 0.01)["rtts"]) * 1e3
+
+
+SHAPED_KEYS = ("east->west", "west->east", "west->north", "north->west")
+
+
+def route_round_trips_ms(prefix: str, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """The probe's round trip (p50 of 100) between node 0 of each pair of DCs over its own route, with every netem
+    qdisc of the testbed held at 0 delay, no jitter, no loss (the same qdiscs, gateways and ptrace'd endpoints: what
+    UML adds on that route), then every link end put back as it was."""
+    testbed = attach(prefix)
+    saved = {key: testbed.plan.link_end(key).shaping.params for key in SHAPED_KEYS}
+    try:
+        for key in SHAPED_KEYS:
+            testbed.change(key, latency=0.0, jitter=0.0, loss=0.0)
+        return {(src, dst): statistics.median(pings(attach(prefix), f"{src}-0", f"{dst}-0", 100, 0.01)["rtts"]) * 1e3
+                for src, dst in pairs}
+    finally:
+        for key, params in saved.items():
+            testbed.shape(key, params)
 
 
 def tc(namespace: str, *args: str) -> str:
@@ -140,23 +167,28 @@ def test_auto_picks_netem_and_status_names_it_on_every_inter_dc_end(three_dc):
 
 
 def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three_dc):
+    """Each pair's RTT p50 net of UML's own round trip on that route (1 netem hop each way east-west and
+    west-north, 2 east-north), measured in this boot: see the module's docstring."""
     prefix = three_dc.prefix
-    overhead = uml_round_trip_ms(attach(prefix))
-    proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "3", timeout=600)
+    expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
+    with host_realtime() as realtime:
+        own = route_round_trips_ms(prefix, list(expected_rtt))
+        proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "3", timeout=600)
     assert proc.returncode == 0, proc.stderr
     pairs = {(p["src"], p["dst"]): p for p in json.loads(proc.stdout)["pairs"]}
-    assert len(pairs) == 6 and 0 <= overhead < 5
-    expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
+    assert len(pairs) == 6 and all(0 <= ms < 5 for ms in own.values()), own
     expected_rate = {("east", "west"): 200, ("west", "east"): 200, ("west", "north"): 100,
                      ("north", "west"): 50, ("east", "north"): 100, ("north", "east"): 50}
     for (src, dst), pair in pairs.items():
-        rtt = expected_rtt.get((src, dst)) or expected_rtt[(dst, src)]
+        route = (src, dst) if (src, dst) in expected_rtt else (dst, src)
+        rtt, overhead = expected_rtt[route], own[route]
         assert pair["shaper"] == "netem" and pair["not_applied"] == "", pair
         assert pair["rtt_configured_ms"] == pytest.approx(rtt)
-        assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, pair)
+        assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, realtime, pair)
         assert pair["rate_configured_mbps"] == pytest.approx(expected_rate[(src, dst)])
         assert abs(pair["goodput_error"]) <= 0.10, pair
-    print(f"UML round trip {overhead:.2f} ms;", json.dumps(list(pairs.values()), indent=1))  # for the record
+    print(f"host real-time {realtime}; UML's own round trips, ms: {own};",  # for the record
+          json.dumps(list(pairs.values()), indent=1))
 
 
 def test_jitter_and_loss_follow_their_laws(three_dc):
@@ -207,9 +239,12 @@ def test_live_shape_changes_the_qdisc_in_place_and_the_probe_sees_it(three_dc):
         assert part in line, line
     assert "rate 80Mbit" in tc(gateway, "class", "show", "dev", "to-west")
     assert qdisc_sent_bytes(gateway, "to-west") >= sent_before  # the same qdisc: `tc change`, not a rebuild
-    overhead = uml_round_trip_ms(attach(prefix))
-    rtts = pings(attach(prefix), "east-0", "west-0", 200, 0.005)["rtts"]
-    assert abs(statistics.median(rtts) * 1e3 - overhead - 50) <= rtt_bound_ms(50), overhead
+    with host_realtime() as realtime:  # the p50 net of UML's own round trip on this route: the module's docstring
+        overhead = route_round_trips_ms(prefix, [("east", "west")])[("east", "west")]
+        rtts = pings(attach(prefix), "east-0", "west-0", 200, 0.005)["rtts"]
+    off = statistics.median(rtts) * 1e3 - overhead - 50
+    print(f"host real-time {realtime}; UML's own round trip {overhead:.2f} ms; p50 {off:+.2f} ms off 50 ms")  # record
+    assert abs(off) <= rtt_bound_ms(50), (overhead, realtime)
     info = json.loads(run_cli("status", "--json", check=True).stdout)
     link = next(link for link in info["links"] if link["key"] == "east->west")
     assert link["latency"] == "25ms" and link["bandwidth"] == "80mbit" and link["mechanism"] == "htb+netem"
