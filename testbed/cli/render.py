@@ -104,10 +104,14 @@ def status_tables(info: dict[str, Any]) -> list[Table]:
     nodes = Table("node", "dc", "namespace", "address", title="nodes")
     for node in info["nodes"]:
         nodes.add_row(node["name"], node["dc"], node["namespace"], node["address"])
+    from testbed.model.labels import value_label
+
     links = Table("link", "latency", "bandwidth", "jitter", "loss", "queue", "mechanism", title="links")
     for link in info["links"]:
-        links.add_row(link["key"], link["latency"], link["bandwidth"], link["jitter"], link["loss"],
-                      str(link["queue"]), link["mechanism"])
+        shown = {name: value_label(f"links[*].{name}", link[name]) if link[name] != "unlimited" else "unlimited"
+                 for name in ("latency", "bandwidth", "jitter", "loss")}  # '10 ms', '1 Gbit/s', '0 %'
+        links.add_row(link["key"], shown["latency"], shown["bandwidth"], shown["jitter"], shown["loss"],
+                      f"{link['queue']:,}" if isinstance(link["queue"], int) else str(link["queue"]), link["mechanism"])
     return [nodes, links]
 
 
@@ -136,8 +140,8 @@ def probe_table(records: list[dict], info: dict) -> Table:
             _fmt(r["rtt_applied_ms"], ".3f", " ms"), _fmt(r["rtt_p50_ms"], ".3f", " ms"),
             _fmt(r["rtt_p99_ms"], ".3f", " ms"), _fmt(r["rtt_p50_error_ms"], "+.3f", " ms"),
             f"{r['loss_configured'] * 100:.2f}% / {_fmt(r['ping_loss'] and r['ping_loss'] * 100, '.2f', '%')}",
-            _fmt(r["rate_configured_mbps"], ".0f", " Mbit/s"), _fmt(r["goodput_expected_mbps"], ".1f", " Mbit/s"),
-            _fmt(r["goodput_mbps"], ".1f", " Mbit/s"),
+            _fmt(r["rate_configured_mbps"], ",.0f", " Mbit/s"), _fmt(r["goodput_expected_mbps"], ",.1f", " Mbit/s"),
+            _fmt(r["goodput_mbps"], ",.1f", " Mbit/s"),
             _fmt(r["goodput_error"] and r["goodput_error"] * 100, "+.1f", "%"), r["not_applied"] or "-")
     return table
 

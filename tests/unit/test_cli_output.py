@@ -324,3 +324,29 @@ def test_help_has_no_bool_placeholder_and_every_command_takes_h():
         result = runner.invoke(app, [*name, "-h"], terminal_width=200)
         assert result.exit_code == 0, (name, result.output)
         assert "<bool>" not in result.output, name
+
+
+def _rendered(table) -> str:
+    from rich.console import Console
+
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def test_status_and_compare_tables_read_as_people_write():
+    import pandas as pd
+
+    from testbed.cli.render import compare_table, status_tables
+
+    info = {"nodes": [], "links": [{"key": "east->west", "latency": "10ms", "bandwidth": "1gbit", "jitter": "0",
+                                    "loss": "0.1%", "queue": 12000, "mechanism": "userspace-delay"}]}
+    row = next(line for line in _rendered(status_tables(info)[1]).splitlines() if "east->west" in line)
+    assert all(text in row for text in ("10 ms", "1 Gbit/s", "0 ms", "0.1 %", "12,000")), row
+    frame = pd.DataFrame([{"strategy": "flat-dp", "baseline": "False", "links[east,west].latency": "20ms",
+                           "tokens_per_s A": 41_100.0, "tokens_per_s B": 20_550.0, "tokens_per_s B/A": 0.5,
+                           "scaling_efficiency A": 0.9, "scaling_efficiency B": 0.45, "inter_dc_gb_per_step A": 0.00286,
+                           "inter_dc_gb_per_step B": float("nan")}])
+    text = _rendered(compare_table(frame))
+    assert "east–west latency" in text and "20 ms" in text and "41,100" in text and "0.50×" in text
+    assert "90.0%" in text and "2.86" in text and "nan" not in text and "4.11e+04" not in text
