@@ -653,7 +653,9 @@ def calibrate(target: Path = typer.Argument(..., help="A topology, or an experim
     calibration = _guard(lambda: calibrate_file(target, output, prefix=prefix, shaper=shaper, backend=chosen_backend))
     fit = calibration.fit
     out.print(f"[green]calibrated[/green]: {output} ({fit.get('samples')} measurements, median error "
-              f"{fit.get('median_abs_error', 0):.1%}, p90 {fit.get('p90_abs_error', 0):.1%})")
+              f"{fit.get('median_abs_error', 0):.1%}, p90 {fit.get('p90_abs_error', 0):.1%}); "
+              f"`testbed plan EXPERIMENT --calibration {output}` uses it in place of the shipped reference",
+              highlight=False)
 
 
 @app.command(name="plan")
