@@ -7,9 +7,9 @@ this machine (2026-11-28, ext4): a cell writes 5 blocks (its directory, metrics/
 faults.json), 2 per rank (its log and its metrics file) and 370-450 bytes per rank and step of metrics, which
 the report's steps.csv repeats in about 250 more; a run writes 200-350 KiB besides (manifest, calibration,
 report, plots, tables). Measured: one quickstart cell of 4 ranks x 12 steps took 76 KiB on disk (estimated
-81 KiB), six cells of 2 ranks x 4 steps 216 KiB (estimated 246 KiB); the whole runs 352 and 424 KiB (estimated
-593 and 758 KiB). With restarts, each rank may keep three checkpoints at once (two kept, one being written) of
-the model's parameters and AdamW's two moments."""
+100 KiB), six cells of 2 ranks x 4 steps 216 KiB (estimated 264 KiB); the whole runs 352 and 424 KiB (estimated
+612 and 776 KiB): the estimate is above what a run writes, never far below. With restarts, each rank may keep
+three checkpoints at once (two kept, one being written) of the model's parameters and AdamW's two moments."""
 
 from __future__ import annotations
 
