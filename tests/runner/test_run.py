@@ -115,11 +115,10 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
     assert len(suites["tiny.cells"].findall("testcase")) == 6 and suites["tiny.cells"].get("failures") == "0"
     (run_dir / "report.html").unlink()
     assert run_cli("report", str(run_dir)).returncode == 0 and (run_dir / "report.html").exists()
-    compare = run_cli("compare", str(run_dir), str(run_dir), check=True)
-    table = [[cell.strip() for cell in line.strip("|").split("|")] for line in compare.stdout.splitlines()
-             if line.startswith("|") and not line.startswith("|:")]
-    ratio = table[0].index("tokens_per_s B/A")
-    assert len(table) == 7 and all(float(row[ratio]) == 1.0 for row in table[1:])
+    compare = run_cli("compare", str(run_dir), str(run_dir), "--output", "csv", check=True)
+    rows = list(csv.DictReader(compare.stdout.splitlines()))
+    assert len(rows) == 6 and all(float(row["tokens_per_s B/A"]) == 1.0 for row in rows)
+    assert "A against B" in run_cli("compare", str(run_dir), str(run_dir), check=True).stdout
 
 
 def _workload_pids(namespace: str) -> list[int]:
