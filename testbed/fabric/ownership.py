@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from testbed.fabric.errors import FabricError
-from testbed.fabric.state import runtime_root, state_path
+from testbed.fabric.state import runtime_root, state_dir, state_path
 from testbed.waiting import alive
 
 OWNERS_DIR_ENV = "TESTBED_OWNERS_DIR"
@@ -62,8 +62,14 @@ class HeldElsewhere(FabricError):
 
 
 def owners_dir() -> Path:
-    """Where the lock files are: $TESTBED_OWNERS_DIR, else testbed-owners/ in runtime_root() (one per host)."""
-    return Path(os.environ.get(OWNERS_DIR_ENV) or runtime_root() / "testbed-owners")
+    """Where the lock files are: $TESTBED_OWNERS_DIR, else testbed-owners/ in runtime_root() (one per host), or
+    where this process may not write there (not root: it builds no namespaces) owners/ in the state directory."""
+    if os.environ.get(OWNERS_DIR_ENV):
+        return Path(os.environ[OWNERS_DIR_ENV])
+    shared = runtime_root() / "testbed-owners"
+    if os.access(shared if shared.is_dir() else shared.parent, os.W_OK):
+        return shared
+    return state_dir() / "owners"
 
 
 def lock_path(prefix: str) -> Path:
