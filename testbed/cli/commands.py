@@ -137,7 +137,10 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
        shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
        backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
        known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
-       image: Optional[str] = ImageOption, prefix: str = PrefixOption) -> None:
+       image: Optional[str] = ImageOption, prefix: str = PrefixOption,
+       output: str = typer.Option("table", "--output", metavar="table|json|csv", help="With --dry-run: table (for "
+                                  "people) | json (the whole plan) | csv (one row per link end, host or container).")
+       ) -> None:
     """Bring a topology up (namespaces here, containers, or shaping on inventory hosts over SSH); cleans a stale
     one first."""
     from testbed.fabric import cancel
@@ -149,10 +152,19 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
         _fail(f"--shaper: expected auto, netem or userspace-delay, got {shaper!r}")
     chosen = _backend(backend, inventory, known_hosts, accept_new, image)
     spec = _guard(lambda: load_topology(topology))
+    shown = _output(output)
     if dry_run:
-        from testbed.cli.render import print_plan
+        from testbed.cli.render import plan_rows, print_csv, print_plan
 
-        print_plan(_guard(lambda: plan_of(chosen, spec, shaper, prefix, topology)), out, shaper, chosen.options)
+        plan = _guard(lambda: plan_of(chosen, spec, shaper, prefix, topology))
+        if shown == "json":
+            from dataclasses import asdict
+
+            print(json.dumps(asdict(plan), indent=1, default=str))
+        elif shown == "csv":
+            print_csv(plan_rows(plan))
+        else:
+            print_plan(plan, out, shaper, chosen.options)
         return
     cancel.install()
     testbed = _guard(lambda: bring_up(spec, prefix=prefix, shaper=shaper, topology_file=topology,

@@ -99,6 +99,18 @@ def _(plan: ContainersPlan, out: Console, requested_shaper: str, options: Any) -
     out.print("intra-DC access links are not shaped in containers (nodes have no capabilities)")
 
 
+def plan_rows(plan: Any) -> list[dict[str, Any]]:
+    """`up --dry-run --output csv`: one row per link end (a network plan), host (hosts) or container."""
+    import dataclasses
+
+    if isinstance(plan, NetworkPlan):
+        return [{"link_end": end.key, "kind": end.kind, "namespace": end.ns, "interface": end.ifname,
+                 **end.shaping.params.describe(), "tc": "; ".join(o.describe() for o in end.shaping.tc),
+                 "delay_line": _delay_text(end.shaping.delay_line) if end.shaping.delay_line else "",
+                 "not_applied": ", ".join(end.shaping.not_applied)} for end in plan.link_ends]
+    return [dataclasses.asdict(item) for item in (plan.hosts if isinstance(plan, HostsPlan) else plan.containers)]
+
+
 def status_tables(info: dict[str, Any]) -> list[Table]:
     """The nodes and links of `testbed status` (from Testbed.describe())."""
     nodes = Table("node", "dc", "namespace", "address", title="nodes")
@@ -130,15 +142,19 @@ def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 
 
 def probe_table(records: list[dict], info: dict) -> Table:
-    """Every DC pair's RTT and goodput against what is configured (testbed.runner.probe records)."""
-    table = Table("pair", "RTT configured", "RTT applied", "p50", "p99", "p50 error", "loss cfg/meas",
-                  "rate", "goodput expected", "goodput", "error", "not applied",
+    """Every DC pair's RTT and goodput against what is configured (testbed.runner.probe records); the RTT's error
+    is against applied + floor (testbed.runner.fidelity)."""
+    table = Table("pair", "RTT configured", "RTT applied", "floor", "p50", "p99", "p50 error", "delay line adds",
+                  "loss cfg/meas", "rate", "goodput expected", "goodput", "error", "not applied",
                   title=f"probe: {info['topology']} (shaper {info['shaper']})")
     for r in records:
         table.add_row(
             f"{r['src']} -> {r['dst']}", _fmt(r["rtt_configured_ms"], ".3f", " ms"),
-            _fmt(r["rtt_applied_ms"], ".3f", " ms"), _fmt(r["rtt_p50_ms"], ".3f", " ms"),
+            _fmt(r["rtt_applied_ms"], ".3f", " ms"), _fmt(r.get("rtt_floor_ms"), ".3f", " ms"),
+            _fmt(r["rtt_p50_ms"], ".3f", " ms"),
             _fmt(r["rtt_p99_ms"], ".3f", " ms"), _fmt(r["rtt_p50_error_ms"], "+.3f", " ms"),
+            _fmt(r.get("delay_line_residual_ms"), "+.3f", " ms") + (f" ({r['delay_line_note']})"
+                                                                     if r.get("delay_line_note") else ""),
             f"{r['loss_configured'] * 100:.2f}% / {_fmt(r['ping_loss'] and r['ping_loss'] * 100, '.2f', '%')}",
             _fmt(r["rate_configured_mbps"], ",.0f", " Mbit/s"), _fmt(r["goodput_expected_mbps"], ",.1f", " Mbit/s"),
             _fmt(r["goodput_mbps"], ",.1f", " Mbit/s"),
@@ -232,7 +248,8 @@ def print_csv(rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(sys.stdout, columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+        writer.writerow({k: json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else v
+                         for k, v in row.items()})
 
 
 def compare_table(frame: Any) -> Table:

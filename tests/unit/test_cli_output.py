@@ -176,7 +176,7 @@ def test_a_bad_output_format_is_one_line_and_exit_2():
 
 def test_every_command_that_prints_a_table_takes_output():
     runner = CliRunner()
-    for command in (["status"], ["probe"], ["plan"], ["whatif"], ["compare"], ["check"], ["hosts", "check"]):
+    for command in (["up"], ["status"], ["probe"], ["plan"], ["whatif"], ["compare"], ["check"], ["hosts", "check"]):
         result = runner.invoke(app, [*command, "--help"], terminal_width=200)
         assert "--output" in result.output, command
 
@@ -350,3 +350,12 @@ def test_status_and_compare_tables_read_as_people_write():
     text = _rendered(compare_table(frame))
     assert "east–west latency" in text and "20 ms" in text and "41,100" in text and "0.50×" in text
     assert "90.0%" in text and "2.86" in text and "nan" not in text and "4.11e+04" not in text
+
+
+def test_up_dry_run_as_json_and_csv():
+    plan = json.loads(cli("up", "topologies/two-dc.yaml", "--dry-run", "--output", "json").stdout)
+    ends = [end["key"] for end in plan["link_ends"]]
+    assert "east->west" in ends and "west->east" in ends
+    rows = list(csv.DictReader(io.StringIO(cli("up", "topologies/two-dc.yaml", "--dry-run", "--output", "csv").stdout)))
+    assert [row["link_end"] for row in rows] == ends
+    assert next(row for row in rows if row["link_end"] == "east->west")["latency"] == "10ms"
