@@ -83,7 +83,7 @@ def write_experiment(directory: Path, ranks: int, steps: int, compute_ms: float,
                 "links": [{"between": [a, b], "latency": "2ms", "bandwidth": "1gbit"}
                           for a, b in itertools.pairwise(names)]}
     experiment = {"name": f"scale-{ranks}", "topology": topology, "baseline": "none", "calibrate": "none",
-                  "cell_timeout": 1200,
+                  "cell_timeout": "20min",
                   "workload": {"preset": preset, "micro_batch": 4, "micro_batches": 1, "steps": steps,
                                "warmup_steps": 1, "compute": "synthetic", "compute_ms": compute_ms, "seed": 1},
                   "strategies": ["flat-dp", "hier-dp"]}

@@ -125,6 +125,20 @@ def _progress(message: str) -> None:
     err.print(f"[dim]{message}[/dim]")
 
 
+def _seconds(command: str, flag: str, value: str, *, zero: bool = False) -> float:
+    """A duration option (`10min`, `2s`) in seconds, parsed as a file's durations are: a bare number, a unit that
+    reads two ways or a negative one is refused in one line (exit 2), and 0 too unless `zero`."""
+    from testbed.spec import units
+
+    try:
+        seconds = units.parse_duration(value, unit_hint="s")
+    except ValueError as error:
+        _fail(f"testbed {command}: {flag}: {error}")
+    if seconds == 0 and not zero:
+        _fail(f"testbed {command}: {flag}: must be more than 0, got {value!r}")
+    return seconds
+
+
 def _dead(dead: list[str], what: str = "not running") -> None:
     if dead:
         _fail(f"delay line {what} in {', '.join(dead)}: " + ("those links are dark; run `testbed up` again"
@@ -262,9 +276,38 @@ def shape(a: str = typer.Argument(..., help="DC at one end"), b: str = typer.Arg
     for key in keys:
         if key not in known:
             _fail(f"no direct link {key} (links: {', '.join(sorted(known))})")
+    for key in keys:  # each direction as it would be, against what it carries now: nothing changes if one is refused
+        _refuse_shape(key, testbed.plan.link_end(key).shaping.params, changes,
+                      {"latency": latency, "distance": distance, "bandwidth": bandwidth, "jitter": jitter})
     for key in keys:
         params = _guard(lambda key=key: testbed.change(key, **changes))
         out.print(f"[green]shaped[/green] {key}: " + ", ".join(f"{k} {v}" for k, v in params.describe().items()))
+
+
+def _refuse_shape(key: str, now: Any, changes: dict[str, float], given: dict[str, str | None]) -> None:
+    """Refuse (exit 2) a `shape` that would give direction `key` (carrying `now`) what no real link has: a jitter
+    beyond its latency as it is now, a latency below its jitter now, or a queue beyond this machine's memory."""
+    from dataclasses import replace
+
+    from testbed.spec import units
+    from testbed.spec.link import check_link
+
+    problem = check_link(replace(now, **changes))
+    if problem is None:
+        return
+    field, why = problem
+    spread = "jitter is the half-width of a spread around the latency, so the delay would go below zero"
+    if field == "jitter" and "jitter" in changes:
+        _fail(f"testbed shape: --jitter: {given['jitter']} is more than {key}'s latency now "
+              f"({units.format_duration(now.latency)}): {spread} (give --latency too)")
+    if field == "jitter":
+        flag = "distance" if given["distance"] is not None else "latency"
+        what = (f"{given['distance']} of fibre ({units.format_duration(changes['latency'])} one way)"
+                if flag == "distance" else given["latency"])
+        _fail(f"testbed shape: --{flag}: {what} is less than {key}'s jitter now ({units.format_duration(now.jitter)}):"
+              f" {spread} (give a smaller --jitter too)")
+    flags = [f"--{name}: " for name in ("bandwidth", "latency", "distance", "jitter") if given[name] is not None]
+    _fail(f"testbed shape: {flags[0] if flags else ''}{key}'s queue: {why}")
 
 
 @app.command()
@@ -337,7 +380,8 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
                                                                 "Without it: probe the running testbed."),
           output: str = OutputOption, as_json: bool = JsonOption,
           pings: int = typer.Option(200, help="Pings per DC pair (>= 100 for a meaningful p99)."),
-          seconds: float = typer.Option(3.0, help="Seconds of TCP flow per direction."),
+          seconds: str = typer.Option("3s", "--seconds", help="How long the TCP flow of each direction runs, e.g. "
+                                                          "2s (0: pings only)."),
           out_dir: Optional[Path] = typer.Option(None, "-o", "--out", help="Write probe.json and probe.md here."),
           shaper: str = typer.Option("auto", help="With TOPOLOGY: auto | netem | userspace-delay"),
           backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
@@ -352,6 +396,7 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
     from testbed.spec.topology import load_topology
 
     shown = _output(output, as_json)
+    flow = _seconds("probe", "--seconds", seconds, zero=True)
     chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
     cancel.install()
     own = topology is not None
@@ -364,7 +409,7 @@ def probe(topology: Optional[Path] = typer.Argument(None, help="Bring this topol
             testbed = _guard(lambda: attach(prefix))
         _dead(testbed.fabric.dead_delay_lines())
         results = _guard(lambda: probe_all(testbed.fabric, testbed.plan, testbed.topology, pings=pings,
-                                           seconds=seconds, applied=testbed.fabric.delay_applied,
+                                           seconds=flow, applied=testbed.fabric.delay_applied,
                                            on_pair=lambda a, b: err.print(f"[dim]probing {a} -> {b}[/dim]")))
         dead = testbed.fabric.dead_delay_lines()
         info = testbed.describe()
@@ -409,7 +454,8 @@ def run(ctx: typer.Context,
                                      help="How ranks of the built-in workload start: fork (from one process that "
                                           "imported torch once; netns only), exec (a fresh python each), auto "
                                           "(fork where the backend can). Your own command is always exec'd."),
-        timeout: float = typer.Option(3600, "--timeout", help="With --topology: seconds before the run is stopped."),
+        timeout: str = typer.Option("1h", "--timeout", help="With --topology: how long before the run is stopped, "
+                                    "e.g. 10min."),
         baseline: bool = typer.Option(False, "--baseline", help="With --topology: first run the command with every "
                                       "inter-DC link unshaped, for efficiency (steps reported by testbed.steplog)."),
         warmup_steps: int = typer.Option(2, "--warmup-steps", min=0, help="With --topology: reported steps left out "
@@ -430,6 +476,7 @@ def run(ctx: typer.Context,
     from testbed.runner.progress import RunProgress
     from testbed.runner.space import OutOfSpace
 
+    limit = _seconds("run", "--timeout", timeout)
     chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image, adopt)
     cancel.install()
     progress = RunProgress(err)
@@ -441,7 +488,7 @@ def run(ctx: typer.Context,
             if not command:
                 _fail("--topology needs a command after --, e.g. testbed run --topology T -- python train.py")
             run_dir = _guard(lambda: run_command(topology, command, out_dir, prefix=prefix, shaper=shaper,
-                                                 ranks_per_node=ranks_per_node, timeout=timeout, progress=progress,
+                                                 ranks_per_node=ranks_per_node, timeout=limit, progress=progress,
                                                  backend=chosen_backend, baseline=baseline, warmup_steps=warmup_steps))
         else:
             if experiment is None:

@@ -463,7 +463,8 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
     topology = load_topology(topology_path)
     experiment = Experiment(name=f"command-{topology.name}", topology=str(topology_path),
                             strategies=[{"name": "flat-dp"}], baseline="auto" if baseline else "none",
-                            calibrate="rtt", cell_timeout=timeout, description=f"user command: {' '.join(command)}")
+                            calibrate="rtt", cell_timeout=f"{timeout!r}s",  # seconds, as the CLI parsed them
+                            description=f"user command: {' '.join(command)}")
     links = {k: dataclasses.asdict(v) for k, v in base_links(topology).items()}
     cells = [Cell("command", "command", {"steps": 0}, links)]
     if baseline:

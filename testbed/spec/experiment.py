@@ -175,7 +175,7 @@ class Experiment(BaseModel):
     repetitions: int = Field(1, ge=1, le=20)
     baseline: Literal["auto", "none"] = "auto"
     calibrate: Literal["rtt", "full", "none"] = "rtt"
-    cell_timeout: float = Field(300.0, gt=0)  # a duration (a bare number is read as seconds: the key predates units)
+    cell_timeout: float = Field(300.0, gt=0)  # a duration with its unit (300s, 10min), in seconds once parsed
     thresholds: list[Threshold] = []
     faults: list[Fault] = []  # the timeline every cell of this experiment replays (testbed.spec.faults)
     sdc_replay: float = 0.0  # with sdc faults: the share of steps each rank replays unasked (testbed.workload.sdc)
@@ -185,8 +185,8 @@ class Experiment(BaseModel):
 
     @field_validator("cell_timeout", mode="before")
     @classmethod
-    def _cell_timeout(cls, value: Any) -> Any:
-        return units.parse_duration(value) if isinstance(value, str) else value
+    def _cell_timeout(cls, value: Any, info: ValidationInfo) -> float:
+        return units.parse_duration(value, si=si_numbers(info), unit_hint="s")
 
     @field_validator("sdc_replay", mode="before")
     @classmethod

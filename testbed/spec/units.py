@@ -86,7 +86,7 @@ def _written(value: object) -> str:
     return str(value)
 
 
-def _parse(value: object, kind: Kind, si: bool) -> float:
+def _parse(value: object, kind: Kind, si: bool, unit_hint: str = "") -> float:
     accepted = f"a {kind.name} takes {kind.spellings()}"
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"expected a {kind.name} such as {kind.example}, got {_written(value)}")
@@ -100,7 +100,10 @@ def _parse(value: object, kind: Kind, si: bool) -> float:
     if unit == "":
         if si or number == 0:
             return number
-        example = f"{_written(number)}{kind.example.lstrip('0123456789.')}" if number < 1e4 else kind.example
+        if unit_hint:  # the unit such a number most likely meant (a timeout's seconds, not milliseconds)
+            example = f"{_written(number)}{unit_hint}"
+        else:
+            example = f"{_written(number)}{kind.example.lstrip('0123456789.')}" if number < 1e4 else kind.example
         meant = f"; as bits per second it would be {format_rate(number)}" if kind is RATE and number > 0 else ""
         raise ValueError(f"{_written(value)} has no unit: write it with one, e.g. {example} ({accepted}{meant})")
     factor = kind.lookup(unit)
@@ -118,9 +121,10 @@ def _non_negative(number: float, value: object, what: str) -> float:
     return number
 
 
-def parse_duration(value: str | int | float, *, si: bool = False) -> float:
-    """'10ms' -> 0.01 (seconds)."""
-    return _non_negative(_parse(value, DURATION, si), value, "duration")
+def parse_duration(value: str | int | float, *, si: bool = False, unit_hint: str = "") -> float:
+    """'10ms' -> 0.01 (seconds). `unit_hint`: the unit a bare number's example gets ("s" for a timeout: `120`
+    is refused with "e.g. 120s", where a link's latency suggests ms)."""
+    return _non_negative(_parse(value, DURATION, si, unit_hint), value, "duration")
 
 
 def parse_delay(value: str | int | float, *, si: bool = False) -> float:
@@ -249,6 +253,7 @@ def units_table_markdown() -> str:
     bounds = ["| value | bound | why |", "|---|---|---|"]
     bounds += [f"| {what} | {bound} | {why} |" for what, bound, why in BOUNDS]
     note = ("Units are case-insensitive, except sizes (`B` is a byte; `b` alone reads two ways). A bare number is "
-            "taken only where the key names its unit (`compute_ms`, `bucket_mb`, `peak_tflops`, `probe --seconds`) "
-            "and, read as seconds, for an experiment's `cell_timeout` and `run --timeout`, which predate units.")
+            "taken only where the key names its unit (`compute_ms`, `bucket_mb`, `peak_tflops`); every duration "
+            "elsewhere carries its unit, an experiment's `cell_timeout` (`300s`) and the command line's "
+            "(`run --timeout 10min`, `probe --seconds 2s`) too.")
     return f"{table}\n\n{note}\n\n" + "\n".join(bounds) + "\n"

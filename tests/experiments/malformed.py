@@ -152,7 +152,7 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
     "sdc_replay_without_sdc": (text("[flat-dp]", extra="sdc_replay: 10%\n"), "sdc_replay", "add an sdc fault"),
     "sdc_replay_beyond_every_step": (text("[flat-dp]", extra="sdc_replay: 150%\n"), "sdc_replay",
                                      "between 0% and 100%"),
-    "partition_outlasting_the_cell": (text("[flat-dp]", extra="cell_timeout: 60\nfaults: [{kind: partition, "
+    "partition_outlasting_the_cell": (text("[flat-dp]", extra="cell_timeout: 60s\nfaults: [{kind: partition, "
                                                            "between: [east, west], at: 1s, duration: 2min}]\n"),
                                       "faults[0].duration", "as long as cell_timeout"),
     "loss_burst_of_nothing": (text("[flat-dp]", extra="faults: [{kind: loss-burst, between: [east, west], "

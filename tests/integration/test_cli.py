@@ -62,6 +62,21 @@ def test_up_exec_shape_down(prefix, tmp_path):
     info = json.loads(run_cli("status", "--json", check=True).stdout)
     links = {link["key"]: link for link in info["links"]}
     assert links["east->west"]["latency"] == "25ms" and links["west->east"]["bandwidth"] == "200mbit"
+    # refused against the link as it is now (25 ms; east->west then jittered by 2 ms), before either direction
+    # changes (west->east, checked first, would take 1 ms)
+    run_cli("shape", "east", "west", "--jitter", "2ms", "--one-way", check=True)
+    for argv, needle in ((("east", "west", "--jitter", "30ms"), "--jitter: 30ms is more than east->west's latency "
+                                                                 "now (25ms)"),
+                         (("west", "east", "--latency", "1ms"), "--latency: 1ms is less than east->west's jitter now "
+                                                                "(2ms)"),
+                         (("east", "west", "--bandwidth", "100tbit"), "--bandwidth: east->west's queue: auto sizes "
+                                                                       "it from bandwidth x round trip")):
+        refused = run_cli("shape", *argv)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert f"testbed shape: {needle}" in refused.stderr, refused.stderr
+    links = {link["key"]: link for link in json.loads(run_cli("status", "--json", check=True).stdout)["links"]}
+    assert [(links[key]["latency"], links[key]["jitter"], links[key]["bandwidth"])
+            for key in ("east->west", "west->east")] == [("25ms", "2ms", "200mbit"), ("25ms", "0", "200mbit")]
     bad = run_cli("shape", "east", "west", "--latency", "soon")
     assert bad.returncode == 2 and "--latency" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     nolink = run_cli("shape", "east", "north", "--latency", "1ms")

@@ -39,7 +39,7 @@ def test_probe_of_two_dc_meets_rate_and_delay(prefix, tmp_path, rate):
     text = (TOPOLOGIES / "two-dc.yaml").read_text().replace("bandwidth: 1gbit", f"bandwidth: {rate}")
     path = tmp_path / "two-dc.yaml"
     path.write_text(text)
-    proc = run_cli("probe", str(path), "--json", "--pings", "100", "--seconds", "2", timeout=180)
+    proc = run_cli("probe", str(path), "--json", "--pings", "100", "--seconds", "2s", timeout=180)
     assert proc.returncode == 0, proc.stderr
     pairs = json.loads(proc.stdout)["pairs"]
     assert namespaces_with(prefix) == []  # probe TOPOLOGY tears its testbed down
@@ -131,7 +131,7 @@ def test_a_dead_delay_line_fails_loudly(prefix):
     status = run_cli("status")
     assert status.returncode == 1
     assert f"delay line not running in {gateway}" in status.stderr
-    probe = run_cli("probe", "--pings", "20", "--seconds", "0.5", timeout=120)
+    probe = run_cli("probe", "--pings", "20", "--seconds", "500ms", timeout=120)
     assert probe.returncode != 0 and "delay line" in probe.stderr
 
 

@@ -105,7 +105,7 @@ def test_up_shapes_every_host_and_down_restores_it(lab):
     assert info["backend"] == "ssh" and [n["name"] for n in info["nodes"]] == ["east-0", "east-1", "west-0", "west-1"]
     assert {link["mechanism"] for link in info["links"]} == {"htb+delay-line"}
 
-    probe = hosts.cli(CONTROLLER, "probe", "--json", "--pings", "40", "--seconds", "1", env=env)
+    probe = hosts.cli(CONTROLLER, "probe", "--json", "--pings", "40", "--seconds", "1s", env=env)
     assert probe.returncode == 0, probe.stderr
     pairs = json.loads(probe.stdout)["pairs"]
     for pair in pairs:  # 10 ms each way through real delay lines on the receiving hosts

@@ -32,7 +32,7 @@ def experiment(tmp: Path, faults: str, steps: int = 10, strategies: str = "[flat
     path = tmp / "exp.yaml"
     path.write_text(f"name: tiny\ntopology:\n{topology}workload: {{steps: {steps}, warmup_steps: 1, micro_batch: 2, "
                     f"micro_batches: 1, compute: synthetic, compute_ms: 50}}\nstrategies: {strategies}\n"
-                    f"baseline: none\ncalibrate: none\ncell_timeout: 120\n{extra}faults:\n{faults}")
+                    f"baseline: none\ncalibrate: none\ncell_timeout: 120s\n{extra}faults:\n{faults}")
     return path
 
 

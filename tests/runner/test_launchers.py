@@ -27,7 +27,7 @@ workload: {{steps: {steps}, warmup_steps: 1, micro_batch: 2, micro_batches: 1, s
 strategies: {strategies}
 baseline: none
 calibrate: none
-cell_timeout: {timeout}
+cell_timeout: {timeout}s
 """
 COMPARED = ("loss", "bytes_intra", "bytes_inter", "wire_intra", "wire_inter", "tokens")
 

@@ -30,7 +30,7 @@ def experiment(tmp: Path, *, steps: int = 4, strategies: str = "[flat-dp, hier-d
     path = tmp / "exp.yaml"
     path.write_text(f"name: tiny\ntopology:\n{TOPOLOGY}workload: {{steps: {steps}, warmup_steps: 1, micro_batch: 2, "
                     f"micro_batches: 1}}\nstrategies: {strategies}\nsweep:\n  links[east,west].latency: {sweep}\n"
-                    f"baseline: {baseline}\ncalibrate: none\ncell_timeout: 120\n{extra}")
+                    f"baseline: {baseline}\ncalibrate: none\ncell_timeout: 120s\n{extra}")
     return path
 
 
@@ -134,7 +134,7 @@ def _workload_pids(namespace: str) -> list[int]:
 
 def test_a_killed_rank_fails_its_cell_and_the_rest_completes(prefix, tmp_path):
     path = experiment(tmp_path, steps=250, strategies="[flat-dp]", sweep="[1ms, 2ms]", baseline="none")
-    path.write_text(path.read_text().replace("cell_timeout: 120", "cell_timeout: 40"))
+    path.write_text(path.read_text().replace("cell_timeout: 120s", "cell_timeout: 40s"))
     proc = start_run(str(path), "--out", str(tmp_path / "out"))
     try:
         deadline = time.monotonic() + 120
@@ -317,7 +317,7 @@ def test_flat_dp_and_diloco_train_on_unequal_dcs(prefix, tmp_path):
     topology = "".join(f"  {line}\n" for line in UNEQUAL.splitlines())
     path.write_text(f"name: uneven\ntopology:\n{topology}workload: {{steps: 4, warmup_steps: 1, micro_batch: 2, "
                     "micro_batches: 1}\nstrategies: [flat-dp, {name: diloco, options: {inner_steps: 2}}]\n"
-                    "baseline: none\ncalibrate: none\ncell_timeout: 120\n")
+                    "baseline: none\ncalibrate: none\ncell_timeout: 120s\n")
     proc = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = next((tmp_path / "out").glob("uneven/*"))

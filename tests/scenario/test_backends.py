@@ -113,7 +113,7 @@ def backend(request, prefix, tmp_path) -> Backend:
 def probe(backend: Backend, seconds: float = 0.5) -> dict[tuple[str, str], dict]:
     """Each direction's RTT (30 pings) and goodput: a flow of `seconds`, of which the agent skips 0.5 s of slow
     start, so only a longer one measures goodput at all."""
-    proc = backend.cli("probe", "--json", "--pings", "30", "--seconds", str(seconds), timeout=300)
+    proc = backend.cli("probe", "--json", "--pings", "30", "--seconds", f"{seconds}s", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {(pair["src"], pair["dst"]): pair for pair in json.loads(proc.stdout)["pairs"]}
 
@@ -218,7 +218,7 @@ def test_a_runs_scheduled_faults_come_on_time_where_ranks_run_elsewhere(elsewher
     its own node (they share no files), the ranks agreeing on the step, and the cell finishes; nothing is left."""
     path = tmp_path / "faults.yaml"
     path.write_text(yaml.safe_dump({
-        "name": "faults-elsewhere", "topology": PAIR, "baseline": "none", "calibrate": "none", "cell_timeout": 120,
+        "name": "faults-elsewhere", "topology": PAIR, "baseline": "none", "calibrate": "none", "cell_timeout": "120s",
         "workload": {"steps": STEPS, "warmup_steps": 1, "micro_batch": 2, "micro_batches": 1, "compute": "synthetic",
                      "compute_ms": 50},
         "strategies": ["flat-dp"], "restarts": 1, "checkpoint_every": CHECKPOINT_EVERY,

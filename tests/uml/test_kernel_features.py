@@ -38,7 +38,7 @@ def test_a_kernel_without_ipv6_runs_the_testbed(prefix):
         assert not any(line.startswith("ipv6 ") for line in modules)
     up = run_cli("up", str(TOPOLOGIES / "two-dc.yaml"), "--shaper", "netem", timeout=300)
     assert up.returncode == 0, up.stderr
-    probe = run_cli("probe", "--json", "--pings", "50", "--seconds", "1", timeout=300)
+    probe = run_cli("probe", "--json", "--pings", "50", "--seconds", "1s", timeout=300)
     assert probe.returncode == 0, probe.stderr
     pairs = json.loads(probe.stdout)["pairs"]
     if not all(19.5 <= pair["rtt_p50_ms"] <= 25.0 for pair in pairs):

@@ -173,7 +173,7 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
     expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
     with host_realtime() as realtime:
         own = route_round_trips_ms(prefix, list(expected_rtt))
-        proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "3", timeout=600)
+        proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "3s", timeout=600)
     assert proc.returncode == 0, proc.stderr
     pairs = {(p["src"], p["dst"]): p for p in json.loads(proc.stdout)["pairs"]}
     assert len(pairs) == 6 and all(0 <= ms < 5 for ms in own.values()), own

@@ -126,6 +126,10 @@ CASES: dict[str, Case] = {
     "swept_latency_beyond_geostationary": exp("[1ms, 20ms]", "[1ms, 400ms]", "sweep.links[east,west].latency[1]",
                                               "longer than any real link"),
     "experiment_empty": Case("experiment", "", "", "the file is empty; expected an experiment"),
+    "bare_cell_timeout": exp("calibrate: none", "calibrate: none\ncell_timeout: 600", "cell_timeout",
+                             "600 has no unit: write it with one, e.g. 600s"),
+    "cell_timeout_in_m": exp("calibrate: none", "calibrate: none\ncell_timeout: 10m", "cell_timeout",
+                             "reads two ways: minutes, or metres (a distance); write 10min"),
     "threshold_on_a_misspelt_strategy": exp("strategy: hier-dp, min", "strategy: hierdp, min",
                                             "thresholds[0].strategy", "(did you mean hier-dp?)"),
     # faults (an experiment's timeline)
@@ -166,10 +170,19 @@ CASES: dict[str, Case] = {
                               "testbed fault: --latency", "reads two ways"),
     "fault_misspelt_kind": cli(("fault", "partiton", "east", "west", "--for", "1s"), "testbed fault: KIND A B",
                                "(did you mean partition?)"),
+    "run_timeout_bare": cli(("run", "FILE", "--out", "OUT", "--timeout", "600"), "testbed run: --timeout",
+                            "'600' has no unit: write it with one, e.g. 600s"),
+    "run_timeout_in_m": cli(("run", "--topology", "FILE", "--out", "OUT", "--timeout", "10m", "--", "true"),
+                            "testbed run: --timeout", "reads two ways: minutes, or metres"),
+    "run_timeout_of_nothing": cli(("run", "FILE", "--out", "OUT", "--timeout", "0s"), "testbed run: --timeout",
+                                  "must be more than 0"),
+    "probe_seconds_bare": cli(("probe", "FILE", "--seconds", "2"), "testbed probe: --seconds",
+                              "'2' has no unit: write it with one, e.g. 2s"),
+    "probe_seconds_negative": cli(("probe", "--seconds", "-1s"), "testbed probe: --seconds", "cannot be negative"),
     "tolerance_beyond_everything": cli(("check", RUN_DIR, "--tolerance", "150%"), "testbed check: --tolerance",
                                        "between 0% and 100%"),
 }
-AS_PROCESSES = ("bare_latency", "sweep_of_bare_numbers", "tolerance_without_percent")
+AS_PROCESSES = ("bare_latency", "sweep_of_bare_numbers", "tolerance_without_percent", "run_timeout_bare")
 GOOD = {"topology": TOPOLOGY, "experiment": EXPERIMENT, "fault": EXPERIMENT, "scenario": SCENARIO}
 COMMAND = {"topology": ("up", "FILE", "--dry-run"), "experiment": ("plan", "FILE"), "fault": ("plan", "FILE"),
            "scenario": ("whatif", "FILE", "--out", "OUT")}
@@ -182,7 +195,10 @@ def prepare(case: Case, tmp_path: Path) -> tuple[list[str], str, Path]:
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         (run_dir / "manifest.json").write_text('{"experiment": "bad"}')
-        argv = [str(run_dir) if arg == RUN_DIR else arg for arg in case.argv]
+        good = tmp_path / "good.yaml"  # FILE: a good experiment (run) or topology (probe): only the option is bad
+        good.write_text(TOPOLOGY if case.argv[0] == "probe" or "--topology" in case.argv else EXPERIMENT)
+        given = {RUN_DIR: str(run_dir), "FILE": str(good), "OUT": str(out)}
+        argv = [given.get(arg, arg) for arg in case.argv]
         return argv, f"{case.field}: ", out
     good = GOOD[case.kind]
     if isinstance(case.edit, tuple):
