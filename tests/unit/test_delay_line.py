@@ -1,5 +1,5 @@
-"""The userspace delay line's release logic as a pure function: due times, the jitter law, FIFO order, loss, and
-the lateness figures it keeps (no kernel, no root)."""
+"""The userspace delay line's release logic as a pure function: due times, the jitter law, FIFO order, loss, the
+compensation of its own path and the residual figures it keeps (no kernel, no root)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_every_packet_is_due_its_latency_after_it_arrived():
     line = Direction(0, 0.010, 0.0, 0.0, random.Random(1))
     for packet, arrival in enumerate([100.0, 100.001, 100.5]):
         assert line.admit(packet, arrival)
-    assert [due for due, _ in line.fifo] == pytest.approx([100.010, 100.011, 100.510])
+    assert [due for _, due, _, _ in line.fifo] == pytest.approx([100.010, 100.011, 100.510])
     assert line.release(100.0105) == 0  # only the first is due
     assert line.release(100.0112) == 1 and line.next_due() == pytest.approx(100.510)
     assert line.release(100.2) is None
@@ -26,7 +26,7 @@ def test_jitter_is_uniform_and_never_reorders():
     arrivals = [i * 0.05 for i in range(4000)]  # far apart: order never binds, the law shows as drawn
     for packet, arrival in enumerate(arrivals):
         line.admit(packet, arrival)
-    delays = [due - arrival for (due, _), arrival in zip(line.fifo, arrivals)]
+    delays = [due - arrival for (_, due, _, _), arrival in zip(line.fifo, arrivals)]
     assert 0.015 <= min(delays) and max(delays) <= 0.025
     assert statistics.mean(delays) == pytest.approx(0.020, abs=0.0002)
     assert statistics.pstdev(delays) == pytest.approx(0.005 / 3**0.5, rel=0.03)
@@ -34,7 +34,7 @@ def test_jitter_is_uniform_and_never_reorders():
     close = Direction(0, 0.020, 0.010, 0.0, random.Random(7))
     for packet in range(2000):  # 0.1 ms apart with 10 ms of jitter: without the FIFO clamp they would cross
         close.admit(packet, packet * 0.0001)
-    dues = [due for due, _ in close.fifo]
+    dues = [due for _, due, _, _ in close.fifo]
     assert dues == sorted(dues)
 
 
@@ -55,8 +55,48 @@ def test_release_records_how_late_each_packet_left():
                                            "max_ms": pytest.approx(2.5)}
     early = Direction(0, 0.010, 0.0, 0.0, random.Random(1))
     early.admit(0, 0.0)
-    assert early.release(0.00999, slack=20e-6) == 0  # within the slack: released, counted as on time
-    assert early.late == {0: 1}
+    assert early.release(0.00999, slack=20e-6) == 0  # within the slack: released 10 us early
+    assert early.late == {-1: 1}
+
+
+def test_it_aims_early_by_its_measured_path_and_the_residual_comes_to_zero():
+    """A simulated worker whose verdicts come back 150 us after it sends them (its wake-up and the kernel's
+    re-injection): without compensation every packet leaves 150 us late; with it, after the first samples, on time."""
+    path = 150e-6
+
+    def run(compensate: bool) -> Direction:
+        line = Direction(0, 0.003, 0.0, 0.0, random.Random(1))
+        line.compensate = compensate
+        for packet in range(200):
+            arrival = packet * 0.005
+            line.admit(packet, arrival, seen=arrival + 20e-6)
+            aim = line.next_due()
+            assert line.release(aim + path) == packet  # the worker gets to it `path` after its aim
+            line.settle(aim + path, aim + path)
+        return line
+
+    late = run(False)
+    assert lateness_summary(late.late)["p50_ms"] == pytest.approx(0.15)
+    assert late.figures()["path_ms"] == pytest.approx(0.15) and late.figures()["compensation_ms"] == 0.0
+    aimed = run(True)
+    assert aimed.compensation == pytest.approx(path)
+    residual = lateness_summary(aimed.late)
+    assert residual["p50_ms"] == pytest.approx(0.0) and residual["packets"] == 200
+
+
+def test_packets_it_could_not_wait_for_do_not_move_the_compensation():
+    """A 0 ms link: every packet is due before the worker sees it; sampling those would push the aim ever earlier."""
+    line = Direction(0, 0.0, 0.0, 0.0, random.Random(1))
+    for packet in range(100):
+        arrival = packet * 0.005
+        line.admit(packet, arrival, seen=arrival + 80e-6)
+        line.saw(arrival, arrival + 80e-6)
+        line.release(arrival + 90e-6)
+        line.settle(arrival + 90e-6, arrival + 100e-6)
+    assert line.compensation == 0.0 and not line.path
+    assert line.least() == pytest.approx(80e-6)
+    assert line.verdict == pytest.approx(10e-6, rel=0.01)  # the verdict call's running time: 10 us every time
+    assert lateness_summary(line.late)["p50_ms"] == pytest.approx(0.09, abs=0.011)  # released at 90 us (+ verdict)
 
 
 def test_lateness_summary_and_delta():

@@ -3,7 +3,11 @@
 It hands the kernel a verdict for packets it drops (loss) and batch verdicts for the ones due (release.py
 decides which); it wakes shortly before the head of a queue is due. SCHED_FIFO unless $TESTBED_DELAY_LINE_RT is
 0: busy ranks on the same cores otherwise delay its releases by milliseconds (bench/delay_line_priority.py).
-Its figures go to the stats file from a thread of their own: the release loop never waits for a file system."""
+Its figures go to the stats file from a thread of their own: the release loop never waits for a file system.
+
+It aims each packet before its due time by its own path's time (release.py), measured at start (the same wait and
+a verdict that accepts nothing, STARTUP_TRIES times) and then on every packet it waited for; $TESTBED_DELAY_LINE_COMPENSATE
+set to 0 aims at the due time itself (bench/link_fidelity.py compares both)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import os
 import random
 import select
 import signal
+import statistics
 import time
 
 from testbed.agents.delayline.files import DelayLineFiles
@@ -28,12 +33,38 @@ MAX_SLEEP = 0.002
 KERNEL_LACKS = 3  # the worker's exit status when the kernel has no nfnetlink_queue (it printed why)
 RT_ENV, RT_PRIORITY = "TESTBED_DELAY_LINE_RT", 10
 STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
+COMPENSATE_ENV = "TESTBED_DELAY_LINE_COMPENSATE"
+STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, and how far ahead each aims
 
 
 def _stats_text(by_key: dict[str, Direction], sched: str) -> str:
     return json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
-        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "late": line.late}
-        for key, line in by_key.items()}})
+        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "late": line.late,
+              **line.figures()} for key, line in by_key.items()}})
+
+
+def wait_until(aim: float) -> float:
+    """Sleep, then spin, until `aim` is within RELEASE_SLACK (as the release loop waits); returns the time."""
+    while True:
+        now = time.time()
+        if aim <= now + RELEASE_SLACK:
+            return now
+        timeout = min(aim - now - EARLY_WAKE, MAX_SLEEP)
+        if timeout > 0:
+            select.select([], [], [], timeout)
+
+
+def startup_path(sock: QueueSocket, queue: int) -> float:
+    """The path's time measured before any packet: wait for an aim as the release loop does and send a verdict that
+    accepts nothing (packet ids start at 1); the median of (when the verdict came back - aim), seconds."""
+    times = []
+    for _ in range(STARTUP_TRIES):
+        aim = time.time() + STARTUP_AHEAD
+        wait_until(aim)
+        sock.accept_up_to(queue, 0)
+        times.append(time.time() - aim)
+    sock.receive()  # the kernel's answers (no such packet) are not packets: drained, skipped
+    return statistics.median(times)
 
 
 def worker(config_path: str) -> int:
@@ -53,7 +84,12 @@ def worker(config_path: str) -> int:
         return KERNEL_LACKS
     sched = fifo(RT_ENV, RT_PRIORITY)  # the figures say what ran
     rng = random.Random()
-    directions = {item.queue: Direction(item.queue, item.latency, item.jitter, item.loss, rng) for item in work}
+    compensate = os.environ.get(COMPENSATE_ENV, "1") != "0"
+    start = startup_path(sock, work[0].queue) if work and compensate else 0.0
+    directions = {item.queue: Direction(item.queue, item.latency, item.jitter, item.loss, rng, start)
+                  for item in work}
+    for line in directions.values():
+        line.compensate = compensate
     by_key = {item.key: directions[item.queue] for item in work}
     flags = {"reload": False, "stats": True}
     signal.signal(signal.SIGHUP, lambda *_: flags.update(reload=True))
@@ -76,18 +112,24 @@ def worker(config_path: str) -> int:
             written = sum(x.released for x in directions.values())
             stats.submit(_stats_text(by_key, sched))
         now = time.time()
-        for packet in sock.receive():
+        packets = sock.receive()
+        for packet in packets:
             line = directions.get(packet.queue)
             if line is None:
                 continue
-            if not line.admit(packet.packet_id, packet.timestamp if packet.timestamp is not None else now):
+            arrival = packet.timestamp if packet.timestamp is not None else now
+            if not line.admit(packet.packet_id, arrival, now):
                 sock.verdict(packet.queue, packet.packet_id, NF_DROP)
+        if packets and packets[0].queue in directions and packets[0].timestamp is not None:
+            directions[packets[0].queue].saw(packets[0].timestamp, now)  # one sample a read: cheap under load
         now = time.time()
         wake = None
         for line in directions.values():
             last = line.release(now, RELEASE_SLACK)
             if last is not None:
+                sent = time.time()
                 sock.accept_up_to(line.queue, last)
+                line.settle(sent, time.time())
             due = line.next_due()
             if due is not None:
                 wake = due if wake is None else min(wake, due)
