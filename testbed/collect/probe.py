@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.atomic import write_text
+from testbed.runner.fidelity import DEFINITION
 
 
 def probe_frame(records: list[dict]) -> pd.DataFrame:
@@ -24,13 +25,18 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
     payload = json.dumps({"testbed": info, "pairs": records}, indent=1)
     write_text(directory / "probe.json", payload)
     frame = probe_frame(records)
-    columns = ["src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_p50_ms", "rtt_p99_ms", "rtt_p50_error_ms",
-               "loss_configured", "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps",
-               "goodput_error_pct", "not_applied"]
+    columns = ["src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_floor_ms", "rtt_expected_ms", "rtt_p50_ms",
+               "rtt_p99_ms", "rtt_p50_error_ms", "delay_line_residual_ms", "delay_line_note", "loss_configured",
+               "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps", "goodput_error_pct",
+               "not_applied"]
+    columns = [column for column in columns if column in frame]  # records of an older probe lack the newer ones
     lines = [f"# Link probe: {info['topology']}", "",
              f"- shaper: {info['shaper']} (backend {info['backend']})",
              "- goodput expected = configured rate x 1448/1514 (TCP payload per 1514-byte frame at MTU 1500)",
-             "- RTT applied = latency of the link ends on the round trip that a running mechanism delays", "",
+             "- RTT applied = latency of the link ends on the round trip that a running mechanism delays",
+             f"- RTT: {DEFINITION}",
+             "- delay_line_residual_ms = what the userspace delay lines of the round trip still add (their own p50)",
+             "",
              frame[columns].to_markdown(index=False, floatfmt=".3f") if not frame.empty else "(no pairs)", ""]
     write_text(directory / "probe.md", "\n".join(lines))
     return directory / "probe.md"

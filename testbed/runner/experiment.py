@@ -36,6 +36,7 @@ from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.faults import fault_seed, longest_partition
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
+from testbed.runner.fidelity import below_compensation
 from testbed.runner.follow import Follower
 from testbed.runner.hostcpu import StealSampler
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters, node_tcp
@@ -113,7 +114,10 @@ def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str
         delay_ms = testbed.plan.link_end(key).shaping.params.latency * 1e3
         out[key] = {**summary, "scheduling": figures.get("scheduling"), "delay_ms": delay_ms,
                     "bound_ms": late_bound_ms(delay_ms),
-                    "late": summary["p99_ms"] is not None and summary["p99_ms"] > late_bound_ms(delay_ms)}
+                    "late": summary["p99_ms"] is not None and summary["p99_ms"] > late_bound_ms(delay_ms),
+                    # its own path, taken back (p50_ms above is the residual); a delay below least_ms is not
+                    **{name: figures.get(name) for name in ("compensation_ms", "least_ms")},
+                    "below_compensation": below_compensation(key, {**figures, "latency_ms": delay_ms})}
     return out
 
 

@@ -2,8 +2,11 @@
 
 Goodput is compared with what the configured rate can carry as TCP payload at MTU 1500: each 1514-byte
 frame on the veth carries 1448 bytes of payload (TCP with timestamps), so 95.6 % of the shaped rate.
-RTT is compared with what is *applied*: the configured latency of every link end on the round trip that
-a running mechanism delays (netem, or a live userspace delay line); the rest is reported as not applied.
+RTT is compared with what is *applied* (the configured latency of every link end on the round trip that a running
+mechanism delays: netem, or a live userspace delay line; the rest is reported as not applied) plus the pair's
+floor, each DC's own unshaped round trip measured beside the pairs (testbed.runner.fidelity: the one definition,
+which bench/link_fidelity.py prints too). Where a userspace delay line serves the round trip, its own figures come
+along: what it still adds (residual) and the links whose delay is below what it can compensate.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from testbed.agents import probe as agent
+from testbed.agents.delayline.release import lateness_summary
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
 from testbed.plan.network import LinkEnd, NetworkPlan, direction_key
 from testbed.plan.routing import shortest_paths
+from testbed.runner.fidelity import below_compensation, pair_floor_ms, percentile, round_trip
 from testbed.spec.topology import Topology
 
 PAYLOAD_PER_FRAME = 1448 / 1514
@@ -36,9 +41,11 @@ class PairProbe:
     shaper: str
     rtt_configured_ms: float
     rtt_applied_ms: float
+    rtt_floor_ms: float | None  # the unshaped round trip of the pair's two DCs (testbed.runner.fidelity)
+    rtt_expected_ms: float  # applied + floor
     rtt_p50_ms: float | None
     rtt_p99_ms: float | None
-    rtt_p50_error_ms: float | None
+    rtt_p50_error_ms: float | None  # p50 - expected
     pings: int
     ping_scheduling: str  # the pinger's: fifo, or other (a busy machine's wake-ups then count)
     ping_loss: float | None
@@ -48,6 +55,20 @@ class PairProbe:
     goodput_mbps: float | None
     goodput_error: float | None  # (measured - expected) / expected
     not_applied: str
+    delay_line_residual_ms: float | None = None  # what the delay lines on the round trip still add (their p50s)
+    delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
+
+
+@dataclass
+class DcFloor:
+    """A DC's own unshaped round trip: node 1 (or node 0 itself, in a DC of one node) to node 0."""
+
+    dc: str
+    src: str
+    dst: str
+    rtt_p50_ms: float | None
+    rtt_p99_ms: float | None
+    pings: int
 
 
 def path_ends(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkEnd]:
@@ -56,12 +77,6 @@ def path_ends(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -
     keys = [f"{src_dc}-0:up"] + [direction_key(x, y) for x, y in itertools.pairwise(dcs)] + [f"{dst_dc}-0:down"]
     by_key = {end.key: end for end in plan.link_ends}
     return [by_key[key] for key in keys if key in by_key]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[rank]
 
 
 def _agent(*args: str) -> list[str]:
@@ -103,18 +118,41 @@ def _run_agent(fabric: Fabric, node: str, args: list[str], timeout: float) -> di
     return json.loads(out)
 
 
+def probe_floor(fabric: Fabric, plan: NetworkPlan, topology: Topology, dc: str, *, pings: int) -> DcFloor:
+    """DC `dc`'s own round trip, with the pinger the pairs use, to node 0 (whose probe agent must be serving)."""
+    nodes = next(spec.nodes for spec in topology.dcs if spec.name == dc)
+    src, dst = plan.node(f"{dc}-{1 if nodes > 1 else 0}"), plan.node(f"{dc}-0")
+    measured = _run_agent(fabric, src.name, ["rtt", dst.address, "--port", str(PORT), "--count", str(pings)],
+                          timeout=120 + pings * 0.05)
+    rtts = [value * 1e3 for value in measured["rtts"]]
+    return DcFloor(dc, src.name, dst.name, statistics.median(rtts) if rtts else None,
+                   percentile(rtts, 0.99) if rtts else None, measured["sent"])
+
+
+def delay_line_figures(fabric: Fabric) -> dict[str, dict]:
+    """Direction key -> what its userspace delay line says of itself: residual (the p50 of how late packets went on
+    their way against their due time), compensation, the least delay it can give (ms); {} where none runs."""
+    out = {}
+    for key, figures in fabric.delay_line_stats().items():
+        summary = lateness_summary(figures.get("late", {}))
+        out[key] = {"residual_ms": summary["p50_ms"], "packets": summary["packets"],
+                    **{name: figures.get(name) for name in ("latency_ms", "compensation_ms", "least_ms")}}
+    return out
+
+
 def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, dst: str, *,
-               pings: int, seconds: float, applied: Callable[[LinkEnd], bool]) -> PairProbe:
+               pings: int, seconds: float, applied: Callable[[LinkEnd], bool],
+               floors: dict[str, DcFloor] | None = None) -> PairProbe:
     """RTT from src to dst and goodput src->dst (none with `seconds` 0), between node 0 of each DC, whose probe
-    agent must be serving (_Server)."""
+    agent must be serving (_Server); held against applied + the two DCs' `floors` (none: against applied)."""
     there, back = path_ends(plan, topology, src, dst), path_ends(plan, topology, dst, src)
-    round_trip = there + back
-    configured = sum(end.shaping.params.latency for end in round_trip)
-    applied_rtt = sum(end.shaping.params.latency for end in round_trip if applied(end))
-    missing = sorted({f"{end.key}:{name}" for end in round_trip for name in ("latency", "jitter", "loss")
+    ends = there + back
+    configured = sum(end.shaping.params.latency for end in ends)
+    applied_rtt = sum(end.shaping.params.latency for end in ends if applied(end))
+    missing = sorted({f"{end.key}:{name}" for end in ends for name in ("latency", "jitter", "loss")
                       if getattr(end.shaping.params, name) > 0 and not applied(end)})
     keep = 1.0
-    for end in round_trip:
+    for end in ends:
         keep *= 1 - end.shaping.params.loss
     rates = [end.shaping.params.bandwidth for end in there if end.shaping.params.bandwidth is not None]
     rate = min(rates) if rates else None
@@ -123,15 +161,16 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
                                                   str(pings), "--seconds", str(seconds)],
                           timeout=120 + pings * 0.05 + seconds)
     ping, flow = measured["rtt"], measured["flow"]
-    rtts = ping["rtts"]
-    p50 = statistics.median(rtts) * 1e3 if rtts else None
+    floors = floors or {}
+    floor = pair_floor_ms(*(floors[dc].rtt_p50_ms if dc in floors else None for dc in (src, dst)))
+    trip = round_trip(applied_rtt * 1e3, floor, [value * 1e3 for value in ping["rtts"]])
     expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
     goodput = flow["goodput_bps"] if flow is not None else None
     return PairProbe(
         src=src, dst=dst, shaper=plan.shaper,
-        rtt_configured_ms=configured * 1e3, rtt_applied_ms=applied_rtt * 1e3,
-        rtt_p50_ms=p50, rtt_p99_ms=_percentile(rtts, 0.99) * 1e3 if rtts else None,
-        rtt_p50_error_ms=(p50 - applied_rtt * 1e3) if p50 is not None else None,
+        rtt_configured_ms=configured * 1e3, rtt_applied_ms=trip.applied_ms, rtt_floor_ms=trip.floor_ms,
+        rtt_expected_ms=trip.expected_ms, rtt_p50_ms=trip.p50_ms, rtt_p99_ms=trip.p99_ms,
+        rtt_p50_error_ms=trip.error_ms,
         pings=ping["sent"], ping_scheduling=ping.get("scheduling", "other"),
         ping_loss=1 - ping["received"] / ping["sent"], loss_configured=1 - keep,
         rate_configured_mbps=rate / 1e6 if rate else None,
@@ -145,21 +184,44 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,
               applied: Callable[[LinkEnd], bool],
               on_pair: Callable[[str, str], None] | None = None) -> list[PairProbe]:
-    """Every ordered DC pair, one after the other: RTT, and goodput unless `seconds` is 0, in both directions.
-    Node 0 of every DC serves the probes of all its pairs."""
+    """Every DC's own round trip (its floor), then every ordered DC pair, one after the other: RTT, and goodput
+    unless `seconds` is 0, in both directions. Node 0 of every DC serves the probes of all its pairs."""
+    return probe_with_floors(fabric, plan, topology, pings=pings, seconds=seconds, applied=applied,
+                             on_pair=on_pair)[0]
+
+
+def probe_with_floors(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200,
+                      seconds: float = 3.0, applied: Callable[[LinkEnd], bool],
+                      on_pair: Callable[[str, str], None] | None = None) -> tuple[list[PairProbe], list[DcFloor]]:
+    """probe_all's pairs, and the DC floors they are held against."""
     results = []
     dcs = [dc.name for dc in topology.dcs]
     with contextlib.ExitStack() as stack:
         servers = [stack.push(_Server(fabric, plan.node(f"{dc}-0").name)) for dc in dcs]  # all start at once
         for server in servers:
             server.wait_ready()
+        floors = {dc: probe_floor(fabric, plan, topology, dc, pings=pings) for dc in dcs}
         for a, b in itertools.permutations(dcs, 2):
             if on_pair:
                 on_pair(a, b)
-            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied))
+            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied,
+                                      floors=floors))
             if seconds > 0:
                 time.sleep(0.1)  # let the previous flow's queues drain
-    return results
+        lines = delay_line_figures(fabric)
+    if lines:  # the delay lines' own figures, as they stand after every pair
+        results = [_with_lines(result, plan, topology, lines) for result in results]
+    return results, list(floors.values())
+
+
+def _with_lines(result: PairProbe, plan: NetworkPlan, topology: Topology, lines: dict[str, dict]) -> PairProbe:
+    ends = path_ends(plan, topology, result.src, result.dst) + path_ends(plan, topology, result.dst, result.src)
+    served = [lines[end.key] | {"key": end.key} for end in ends if end.key in lines]
+    residuals = [figures["residual_ms"] for figures in served if figures["residual_ms"] is not None]
+    result.delay_line_residual_ms = sum(residuals) if residuals else None
+    result.delay_line_note = "; ".join(note for figures in served if (note := below_compensation(figures["key"],
+                                                                                                    figures)))
+    return result
 
 
 def as_records(results: list[PairProbe]) -> list[dict]:
