@@ -1,5 +1,12 @@
 """Link fidelity: RTT error (p50/p99) idle and under load, goodput vs configured, delay-line CPU.
 
+RTT error is by the definition `testbed probe` uses (testbed.runner.fidelity): the measured round trip less the
+configured one less the floor, the mean of the two DCs' own unshaped round trips, measured in the same cell with the
+same pinger (east-1 -> east-0, west-1 -> west-0). With the userspace delay line, each point runs twice, one after
+the other: with the delay line's compensation of its own path, and without ("userspace-delay uncompensated",
+$TESTBED_DELAY_LINE_COMPENSATE=0), so the table shows what the compensation buys; the delay line's own figures
+(what it measured of its path, the residual it still adds) come beside.
+
 One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for each shaper asked for (default: every
 shaper this kernel has: netem beside userspace-delay where sch_netem exists), in one run on one kernel.
 "Loaded" RTT is measured while a TCP flow paced at 90 % of the rate runs the same way (an unpaced flow fills
@@ -15,6 +22,7 @@ To compare both shapers where this kernel has no netem, run it in user-mode Linu
 
 Usage: .venv/bin/python bench/link_fidelity.py [--shaper netem,userspace-delay] [--delays 1,5,20,50]
                                                [--rates 100mbit,1gbit,2.5gbit] [--reps 1] [--out bench/out]
+                                               [--uncompensated | --no-uncompensated]
        (root; with --reps N every figure is the median of N runs)
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -35,6 +44,7 @@ from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.fabric.netns.kernel import has_netem
 from testbed.fabric.state import state_dir
+from testbed.runner.fidelity import DEFINITION, pair_floor_ms, round_trip
 from testbed.runner.probe import PAYLOAD_PER_FRAME
 from testbed.spec import units
 from testbed.spec.topology import topology_from_data
@@ -42,6 +52,8 @@ from testbed.spec.topology import topology_from_data
 PREFIX = "tb-fid-"
 PORT = 5201
 TICKS = os.sysconf("SC_CLK_TCK")
+UNCOMPENSATED = "userspace-delay uncompensated"  # the delay line aiming at the due time itself
+COMPENSATE_ENV = "TESTBED_DELAY_LINE_COMPENSATE"
 
 
 def agent(*args: str) -> list[str]:
@@ -72,19 +84,30 @@ def run_json(testbed, node: str, args: list[str], timeout: float) -> dict:
 
 
 def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) -> dict:
-    topology = topology_from_data({"name": "fidelity", "dcs": [{"name": "east", "nodes": 1},
-                                                               {"name": "west", "nodes": 1}],
+    topology = topology_from_data({"name": "fidelity", "dcs": [{"name": "east", "nodes": 2},
+                                                               {"name": "west", "nodes": 2}],
                                    "links": [{"between": ["east", "west"], "latency": f"{delay_ms}ms",
                                               "bandwidth": rate}]})
-    testbed = bring_up(topology, prefix=PREFIX, shaper=shaper)
+    if shaper == UNCOMPENSATED:
+        os.environ[COMPENSATE_ENV] = "0"  # the delay line's processes inherit it
+    try:
+        testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay" if shaper == UNCOMPENSATED else shaper)
+    finally:
+        os.environ.pop(COMPENSATE_ENV, None)
     rate_bps = units.parse_rate(rate)
     rtt = 2 * delay_ms / 1e3
     dst = testbed.plan.node("west-0").address
     server = testbed.fabric.popen("west-0", agent("serve", "--port", str(PORT), "--warmup", "1.5"),
                                   stdout=subprocess.PIPE, text=True)
+    east = testbed.fabric.popen("east-0", agent("serve", "--port", str(PORT)), stdout=subprocess.PIPE, text=True)
     try:
         server.stdout.readline()
+        east.stdout.readline()
         ping_args = ["rtt", dst, "--port", str(PORT), "--count", str(pings), "--interval", "0.005"]
+        floors = [statistics.median(run_json(testbed, f"{dc}-1", ["rtt", testbed.plan.node(f"{dc}-0").address,
+                                                                  "--port", str(PORT), "--count", str(pings),
+                                                                  "--interval", "0.005"], 120)["rtts"]) * 1e3
+                  for dc in ("east", "west")]
         idle = run_json(testbed, "east-0", ping_args, 120)["rtts"]
         flow = run_json(testbed, "east-0", ["send", dst, "--port", str(PORT), "--seconds", str(seconds)], 120)
         gateway = testbed.plan.delay_line_of("east->west")
@@ -104,20 +127,24 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
         late = lateness_summary(lateness_delta(late0.get("east->west", {}), late1["east->west"])) \
             if "east->west" in late1 else {"p99_ms": float("nan")}
         paced_result = json.loads(paced.communicate(timeout=120)[0])
+        own = late1.get("east->west", {})
     finally:
-        server.kill()
-        server.wait()
+        for proc in (server, east):
+            proc.kill()
+            proc.wait()
         tear_down(PREFIX)
 
-    def err_ms(values: list[float], q: float) -> float:
-        ordered = sorted(values)
-        return (ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] - rtt) * 1e3
-
+    floor = pair_floor_ms(*floors)
+    idle_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in idle])
+    loaded_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in loaded])
     expected = rate_bps * PAYLOAD_PER_FRAME
-    return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate,
-            "idle p50 err ms": err_ms(idle, 0.5), "idle p99 err ms": err_ms(idle, 0.99),
-            "idle p50 err %": err_ms(idle, 0.5) / (rtt * 1e3) * 100,
-            "loaded p50 err ms": err_ms(loaded, 0.5), "loaded p99 err ms": err_ms(loaded, 0.99),
+    return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate, "floor ms": floor,
+            "idle p50 err ms": idle_trip.error_ms, "idle p99 err ms": idle_trip.p99_ms - idle_trip.expected_ms,
+            "idle p50 err %": idle_trip.error_ms / (rtt * 1e3) * 100 if rtt else float("nan"),
+            "loaded p50 err ms": loaded_trip.error_ms, "loaded p99 err ms": loaded_trip.p99_ms - loaded_trip.expected_ms,
+            "delay-line residual p50 ms": late.get("p50_ms", float("nan")),
+            "delay-line path ms": own.get("path_ms") or float("nan"),
+            "delay-line compensation ms": own.get("compensation_ms", float("nan")),
             "goodput/expected": flow["goodput_bps"] / expected,
             "goodput/configured": flow["goodput_bps"] / rate_bps,
             "paced Mbit/s": paced_result["goodput_bps"] / 1e6, "delay-line CPU %": cpu, "machine CPU %": machine,
@@ -155,8 +182,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--shaper", default="", help="netem,userspace-delay (default: those this kernel has)")
     parser.add_argument("--reps", type=int, default=1, help="repetitions (medians; shaper order alternates)")
+    parser.add_argument("--uncompensated", action=argparse.BooleanOptionalAction, default=True,
+                        help="beside userspace-delay, the same delay line without its compensation")
     args = parser.parse_args()
     shapers = args.shaper.split(",") if args.shaper else ["userspace-delay"] + (["netem"] if has_netem() else [])
+    if args.uncompensated and "userspace-delay" in shapers:
+        shapers.insert(shapers.index("userspace-delay") + 1, UNCOMPENSATED)
     rows = []
     for rep in range(args.reps):
         for rate in args.rates.split(","):
@@ -169,7 +200,9 @@ def main() -> None:
     keys = ["rate", "one-way ms", "shaper"]
     frame = raw.groupby(keys, sort=False).median(numeric_only=True).reset_index()
     frame.insert(3, "reps", raw.groupby(keys, sort=False).size().values)
-    print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+    print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, load average "
+          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    print(f"RTT error: {DEFINITION}")
     args.out.mkdir(parents=True, exist_ok=True)
     raw.to_csv(args.out / "link_fidelity.csv", index=False)
     plot(frame, args.out / "link_fidelity.png")
