@@ -1,12 +1,16 @@
-"""tests/uml/harness.py's choices made before a boot (no root, no UML): where the kernel keeps its memory, what it
-binds back over its tmpfs mounts, and which labs of killed runs the sweep removes (tests/uml/reaper.py)."""
+"""tests/uml/harness.py's choices made before a boot (no UML): where the kernel keeps its memory, what it
+binds back over its tmpfs mounts, which labs of killed runs the sweep removes (tests/uml/reaper.py), and how the host
+answers a guest's ask for real-time."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.uml import harness, reaper
 
@@ -48,3 +52,23 @@ def test_the_sweep_removes_the_labs_of_owners_gone_and_keeps_the_others(tmp_path
     os.utime(labs["unowned-old"], (old, old))
     assert reaper.sweep(tmp_path) == [labs["dead"], labs["unowned-old"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == [labs["alive"].name, labs["unowned-young"].name]
+
+
+@pytest.mark.root  # SCHED_RR needs CAP_SYS_NICE
+def test_what_the_guest_asks_the_host_runs_real_time_and_back(tmp_path):
+    """harness.host_realtime() inside asks through a file in the lab; the boot's loop on the host answers for every
+    process naming the lab (here a sleeper standing in for UML's kernel)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"uml_dir={tmp_path}"])
+    try:
+        assert harness._answer_realtime(tmp_path, False) is False  # nothing asked: nothing changes
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
+        (tmp_path / harness.REALTIME_ASKED).write_text("1\n")
+        assert harness._answer_realtime(tmp_path, False) is True
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_RR and (tmp_path / harness.REALTIME_GIVEN).exists()
+        (tmp_path / harness.REALTIME_ASKED).unlink()
+        assert harness._answer_realtime(tmp_path, True) is False
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
+        assert not (tmp_path / harness.REALTIME_GIVEN).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
