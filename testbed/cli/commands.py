@@ -203,6 +203,11 @@ def status(output: str = OutputOption, as_json: bool = JsonOption, prefix: str =
     info = testbed.describe()
     dead = testbed.fabric.dead_delay_lines()
     info["dead_delay_lines"] = dead
+    from testbed.runner.fidelity import below_compensation
+    from testbed.runner.probe import delay_line_figures
+
+    info["delay_lines"] = {key: {**figures, "note": below_compensation(key, figures)}
+                           for key, figures in delay_line_figures(testbed.fabric).items()}
     if shown == "json":
         print(json.dumps(info, indent=1))
     elif shown == "csv":

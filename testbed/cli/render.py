@@ -124,7 +124,13 @@ def status_tables(info: dict[str, Any]) -> list[Table]:
                  for name in ("latency", "bandwidth", "jitter", "loss")}  # '10 ms', '1 Gbit/s', '0 %'
         links.add_row(link["key"], shown["latency"], shown["bandwidth"], shown["jitter"], shown["loss"],
                       f"{link['queue']:,}" if isinstance(link["queue"], int) else str(link["queue"]), link["mechanism"])
-    return [nodes, links]
+    lines = Table("direction", "latency", "own path taken back", "residual p50", "packets", "least delay", "note",
+                  title="userspace delay lines (since they started)")
+    for key, figures in sorted(info.get("delay_lines", {}).items()):
+        lines.add_row(key, _fmt(figures["latency_ms"], ".3f", " ms"), _fmt(figures["compensation_ms"], "+.3f", " ms"),
+                      _fmt(figures["residual_ms"], "+.3f", " ms"), f"{figures['packets']:,}",
+                      _fmt(figures["least_ms"], ".3f", " ms"), figures.get("note") or "-")
+    return [nodes, links] + ([lines] if info.get("delay_lines") else [])
 
 
 def hosts_table(rows: list, title: str) -> Table:
