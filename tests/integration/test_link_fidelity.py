@@ -48,3 +48,22 @@ def test_every_pair_is_its_configured_round_trip_plus_the_floor(prefix, tmp_path
         assert pair["delay_line_note"] == ""  # 0.8 ms and 3 ms are above what the delay line needs
         if configured > 0:
             assert pair["delay_line_residual_ms"] is not None
+
+
+def test_status_says_where_a_link_asks_for_less_than_the_delay_line_can_give(prefix, tmp_path):
+    """5 us one way is below the delay line's own reaction to a packet (tens of microseconds here): `status` shows
+    each direction's figures and names that link, where 3 ms is compensated without a note."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(CHAIN.replace("0.8ms", "0.005ms"))
+    run_cli("up", str(path), "--shaper", "userspace-delay", check=True)
+    run_cli("probe", "--pings", "50", "--seconds", "0", check=True)  # packets through every delay line
+    lines = json.loads(run_cli("status", "--json", check=True).stdout)["delay_lines"]
+    assert sorted(lines) == ["a->b", "b->a", "b->c", "c->b", "c->d", "d->c"]
+    for key in ("a->b", "b->a"):
+        assert lines[key]["packets"] > 0 and lines[key]["least_ms"] > 0.005
+        assert lines[key]["note"].startswith(f"{key}: 0.005 ms is below the delay line's own"), lines[key]
+    for key in ("b->c", "c->b"):
+        assert lines[key]["packets"] > 0 and lines[key]["note"] == "" and lines[key]["residual_ms"] is not None
+    assert lines["c->d"]["packets"] == 0  # 0 ms: no rule, its packets never pass through the delay line
+    table = run_cli("status", check=True).stdout
+    assert "userspace delay lines" in table and "not compensated" in table
