@@ -18,14 +18,19 @@ appended and flushed as it is written (a line cut by a crash is skipped when rea
 
 A step line needs `event` ("step"), `step` (0, 1, ... the same numbering on every rank), `rank`, `wall_s`
 (seconds this rank spent on the step) and `tokens` (tokens this rank trained on in the step: the step's
-global tokens are the sum over ranks). Optional: `loss`, `exposed_s` (seconds spent waiting on
-communication), `bytes_inter` (bytes handed to collectives that span DCs), and any other field.
+global tokens are the sum over ranks; null when not known: step times and efficiency then, no tokens/s).
+Optional: `loss`, `exposed_s` (seconds spent waiting on communication), `bytes_inter` (bytes handed to
+collectives that span DCs), and any other field.
 
 From these testbed computes what it computes for its own workload (after the experiment's warm-up
 steps, 2 for `testbed run --topology`): a step lasts as long as its slowest rank; tokens/s is the measured
 steps' global tokens over their summed wall time; step time median, p90 and mean; with a baseline run
 (`testbed run --topology T --baseline -- ...`: the same command first with every inter-DC link unshaped)
 the efficiency against that single-site run; final loss and the loss curve.
+
+A script that does not call this still gets step lines under `testbed run --topology`: the optimizer's steps, seen
+by a hook testbed installs at each rank's start (testbed/workload/autostep.py, lines with `"source": "autostep"`).
+Where a rank's file has lines of its own script, those count and the hook's are left out (step_records).
 """
 
 from __future__ import annotations
@@ -53,6 +58,17 @@ def read_records(path: str | os.PathLike, containing: str | None = None) -> list
     return records
 
 
+AUTOMATIC = "autostep"  # the `source` of the step lines testbed's optimizer hook writes (testbed.workload.autostep)
+
+
+def step_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The step lines of one rank's file: those its script wrote (with StepLog, or in this format) where there
+    are any, else the ones testbed's optimizer hook wrote: one count of each step, never both."""
+    steps = [record for record in read_records(path) if record.get("event") == "step"]
+    own = [record for record in steps if record.get("source") != AUTOMATIC]
+    return own or steps
+
+
 class StepLog:
     """Appends one JSON line per training step to $TESTBED_METRICS_DIR/rank<RANK>.jsonl (nothing without it)."""
 
@@ -74,13 +90,15 @@ class StepLog:
         """Start the next step's clock now (e.g. after setup done between construction and the loop)."""
         self._last = time.perf_counter()
 
-    def step(self, tokens: int | float, loss: float | None = None, *, wall_s: float | None = None,
+    def step(self, tokens: int | float | None, loss: float | None = None, *, wall_s: float | None = None,
              **fields: Any) -> dict:
-        """Record one finished step: `tokens` this rank trained on, its `loss`; the step's wall time is the time
-        since the previous call (or construction, or restart_clock()) unless given. Returns the record."""
+        """Record one finished step: `tokens` this rank trained on (None: not known), its `loss`; the step's wall
+        time is the time since the previous call (or construction, or restart_clock()) unless given. Returns the
+        record."""
         now = time.perf_counter()
         record = {"event": "step", "step": self.steps, "rank": self.rank,
-                  "wall_s": float(now - self._last if wall_s is None else wall_s), "tokens": float(tokens),
+                  "wall_s": float(now - self._last if wall_s is None else wall_s),
+                  "tokens": None if tokens is None else float(tokens),
                   "loss": None if loss is None else float(loss), "time": time.time(), **fields}
         self._write(record)
         self.steps += 1

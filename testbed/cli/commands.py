@@ -462,9 +462,13 @@ def run(ctx: typer.Context,
         timeout: str = typer.Option("1h", "--timeout", help="With --topology: how long before the run is stopped, "
                                     "e.g. 10min."),
         baseline: bool = typer.Option(False, "--baseline", help="With --topology: first run the command with every "
-                                      "inter-DC link unshaped, for efficiency (steps reported by testbed.steplog)."),
+                                      "inter-DC link unshaped, for efficiency (your optimizer's steps, or those "
+                                      "testbed.steplog reports)."),
         warmup_steps: int = typer.Option(2, "--warmup-steps", min=0, help="With --topology: reported steps left out "
                                          "of the figures."),
+        tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", min=1, help="With --topology: tokens "
+                                                      "all ranks together train on per optimizer step, for tokens/s "
+                                                      "(step times and efficiency need no line of your script)."),
         shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
         backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
         known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
@@ -494,7 +498,8 @@ def run(ctx: typer.Context,
                 _fail("--topology needs a command after --, e.g. testbed run --topology T -- python train.py")
             run_dir = _guard(lambda: run_command(topology, command, out_dir, prefix=prefix, shaper=shaper,
                                                  ranks_per_node=ranks_per_node, timeout=limit, progress=progress,
-                                                 backend=chosen_backend, baseline=baseline, warmup_steps=warmup_steps))
+                                                 backend=chosen_backend, baseline=baseline, warmup_steps=warmup_steps,
+                                                 tokens_per_step=tokens_per_step))
         else:
             if experiment is None:
                 _fail("give an experiment file, or --topology T -- COMMAND")

@@ -3,8 +3,10 @@
 Per cell (steps after the warm-up only):
 - step_s: the slowest rank's wall time of a step (median, p90 and mean); tokens_per_s: every measured
   step's global tokens over their summed wall time (a median step would hide DiLoCo's one slow step in H);
+  steps_per_s likewise; step_source: whose step lines (the script's own, or the optimizer hook's of a command
+  that reports nothing: testbed.workload.autostep);
 - scaling_efficiency: tokens_per_s over the matching baseline cell's (same strategy and workload sweep
-  values, every inter-DC link unshaped);
+  values, every inter-DC link unshaped); steps_per_s's where a command's steps do not say their tokens;
 - efficiency_vs_single_site: tokens_per_s over the best baseline cell of any strategy at the same workload
   values: the same job in one DC, run the fastest way this experiment knows (NeMo's definition);
 - exposed_comm_share: mean over ranks and steps of exposed communication / step time;
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.steplog import read_records
+from testbed.steplog import AUTOMATIC, step_records
 
 
 def load_results(run_dir: Path) -> list[dict]:
@@ -52,10 +54,9 @@ def load_steps(run_dir: Path) -> pd.DataFrame:
     for result in load_results(run_dir):
         cell_dir = run_dir / "cells" / result["cell"]["id"]
         for path in sorted((cell_dir / "metrics").glob("rank*.jsonl")):
-            for record in read_records(path):
-                if record.get("event") == "step":
-                    record["cell"] = cell_dir.name
-                    rows.append(record)
+            for record in step_records(path):  # the script's own where it wrote any, else the optimizer hook's
+                record["cell"] = cell_dir.name
+                rows.append(record)
     frame = pd.DataFrame(rows)
     if not frame.empty and {"rank", "step"} <= set(frame):  # a restart does the steps since its checkpoint again:
         frame["superseded"] = frame.duplicated(["cell", "rank", "step"], keep="last")  # the last time counts
@@ -104,7 +105,7 @@ def flagged(summary: pd.DataFrame, flag: str) -> pd.DataFrame:
     return summary[summary[flag] == True] if flag in summary else summary.iloc[0:0]  # noqa: E712
 
 
-STEP_REQUIRED = ("step", "wall_s", "tokens")  # what a step line must carry (testbed.steplog documents the format)
+STEP_REQUIRED = ("step", "wall_s")  # what a step line must carry (testbed.steplog documents the format)
 STEP_OPTIONAL = (("wire", "wire_inter"), ("payload", "bytes_inter"))  # summed per step when a script reports them
 
 
@@ -181,14 +182,19 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
         if result["status"] == "ok" and not mine.empty and all(c in mine for c in STEP_REQUIRED):
             total_steps = int(mine["step"].max()) + 1
             measured = mine[mine["step"] >= warmup]
-            per_step = measured.groupby("step").agg(wall=("wall_s", "max"), tokens=("tokens", "sum"),
+            counted = "tokens" in measured and measured["tokens"].notna().all()  # null: the script did not say
+            per_step = measured.groupby("step").agg(wall=("wall_s", "max"),
                                                     **{name: (column, "sum") for name, column in STEP_OPTIONAL
-                                                       if column in measured and measured[column].notna().any()})
+                                                       if column in measured and measured[column].notna().any()},
+                                                    **({"tokens": ("tokens", "sum")} if counted else {}))
             row.update({
                 "steps": total_steps, "measured_s": float(per_step["wall"].sum()),
                 "step_s_median": float(per_step["wall"].median()), "step_s_p90": float(per_step["wall"].quantile(0.9)),
                 "step_s_mean": float(per_step["wall"].mean()),
-                "tokens_per_s": float(per_step["tokens"].sum() / per_step["wall"].sum()),
+                "tokens_per_s": float(per_step["tokens"].sum() / per_step["wall"].sum()) if counted else float("nan"),
+                "steps_per_s": len(per_step) / float(per_step["wall"].sum()),
+                "step_source": "optimizer hook" if "source" in mine and (mine["source"] == AUTOMATIC).all()
+                else "script",
                 "exposed_comm_share": _mean_share(measured),
                 "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
                 "workload_wire_inter_gb_per_step": _mean_gb(per_step, "wire"),
@@ -211,10 +217,18 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    if "tokens_per_s" in frame:
+    if "steps_per_s" in frame:
         workload_keys = [k for k in sweep_keys if k.startswith("workload.")]
-        frame["scaling_efficiency"], frame["efficiency_vs_single_site"] = _efficiencies(frame, workload_keys)
+        frame["scaling_efficiency"], frame["efficiency_vs_single_site"] = _efficiencies(frame, workload_keys,
+                                                                                        rate_column(frame))
     return frame
+
+
+def rate_column(frame: pd.DataFrame) -> str:
+    """What throughput and efficiency are measured in: tokens_per_s where every cell with steps counted its
+    tokens, else steps_per_s (a command that does not say how many tokens a step trains on)."""
+    stepped = frame[frame["steps_per_s"].notna()] if "steps_per_s" in frame else frame.iloc[0:0]
+    return "tokens_per_s" if stepped.empty or stepped["tokens_per_s"].notna().all() else "steps_per_s"
 
 
 PREDICTED = ("step_s_predicted", "tokens_per_s_predicted", "inter_dc_bytes_predicted", "exposed_s_predicted",
@@ -248,15 +262,15 @@ def add_predictions(summary: pd.DataFrame, run_dir: Path, results: list[dict]) -
     return summary
 
 
-def _efficiencies(frame: pd.DataFrame, workload_keys: list[str]) -> tuple[list, list]:
-    """Each cell's tokens/s over its own strategy's baseline (median over repetitions), and over the best
-    strategy's baseline, both at the same workload sweep values (None where there is no baseline)."""
+def _efficiencies(frame: pd.DataFrame, workload_keys: list[str], rate: str = "tokens_per_s") -> tuple[list, list]:
+    """Each cell's `rate` (tokens/s, or steps/s) over its own strategy's baseline (median over repetitions), and
+    over the best strategy's baseline, both at the same workload sweep values (None where there is no baseline)."""
     def point(row: pd.Series) -> tuple[str, ...]:
         return tuple(str(row[k]) for k in workload_keys)
 
     runs: dict[tuple[str, tuple[str, ...]], list[float]] = {}
     for _, row in frame[frame["baseline"] & (frame["status"] == "ok")].iterrows():
-        runs.setdefault((row["strategy"], point(row)), []).append(row["tokens_per_s"])
+        runs.setdefault((row["strategy"], point(row)), []).append(row[rate])
     own = {key: float(pd.Series(values).median()) for key, values in runs.items()}
     best: dict[tuple[str, ...], float] = {}
     for (_, at), value in own.items():
@@ -264,8 +278,8 @@ def _efficiencies(frame: pd.DataFrame, workload_keys: list[str]) -> tuple[list, 
     scaling, versus_best = [], []
     for _, row in frame.iterrows():
         mine, top = own.get((row["strategy"], point(row))), best.get(point(row))
-        scaling.append(row["tokens_per_s"] / mine if mine else None)
-        versus_best.append(row["tokens_per_s"] / top if top else None)
+        scaling.append(row[rate] / mine if mine else None)
+        versus_best.append(row[rate] / top if top else None)
     return scaling, versus_best
 
 
@@ -274,7 +288,7 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     if summary.empty or "tokens_per_s" not in summary:
         return summary
     keys = ["strategy", "baseline"] + [c for c in summary.columns if c.startswith(("links[", "workload."))]
-    numeric = [c for c in ("tokens_per_s", "scaling_efficiency", "efficiency_vs_single_site", "step_s_median",
+    numeric = [c for c in ("tokens_per_s", "steps_per_s", "scaling_efficiency", "efficiency_vs_single_site", "step_s_median",
                            "step_s_p90", "step_s_mean", "exposed_comm_share",
                            "bubble_ratio", "inter_dc_gb_per_step", "workload_wire_inter_gb_per_step",
                            "workload_payload_inter_gb_per_step", "final_loss", *PREDICTED, "step_error",

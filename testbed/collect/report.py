@@ -16,6 +16,7 @@ from testbed.collect.frames import (
     flagged,
     load_results,
     load_steps,
+    rate_column,
     summarise,
 )
 from testbed.collect.gates import check_line, check_thresholds
@@ -61,12 +62,12 @@ def _axis_label(key: str | None) -> str:
     return key_label(key) if key else "strategy"
 
 
-def _people_axes(ax, percent: bool) -> None:
-    """% or thousands separators on y."""
+def _people_axes(ax, percent: bool, digits: int = 0) -> None:
+    """% or thousands separators on y (`digits` after the point)."""
     import matplotlib.ticker
 
     ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0) if percent else
-                                 matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+                                 matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.{digits}f}"))
 
 
 def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[str, str]]:
@@ -80,7 +81,8 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
 
     key = _primary(agg)
     shaped = agg[agg["baseline"] == "False"]
-    metrics = [("throughput.png", "tokens_per_s")]
+    rate = rate_column(agg)
+    metrics = [("throughput.png", rate)]
     for metric in ("efficiency_vs_single_site", "scaling_efficiency"):
         if metric in agg and agg[metric].notna().any():
             metrics.append(("efficiency.png", metric))
@@ -90,14 +92,14 @@ def plots(run_dir: Path, summary: pd.DataFrame, agg: pd.DataFrame, steps: pd.Dat
         for strategy, group in shaped.groupby("strategy", sort=False):
             x = [value_label(key, v) for v in group[key]] if key else [strategy]  # '20 ms', not 20ms
             ax.plot(x, group[metric].tolist(), marker="o", label=strategy)
-        if metric != "tokens_per_s":
+        if metric != rate:
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.axhline(EFFICIENCY_FLOOR, color="grey", lw=0.8, ls="--")
-        label = {"tokens_per_s": "tokens/s", "efficiency_vs_single_site": "efficiency against single site",
-                 "scaling_efficiency": "efficiency against its own single site"}[metric]
+        label = {"tokens_per_s": "tokens/s", "steps_per_s": "steps/s", "efficiency_vs_single_site":
+                 "efficiency against single site", "scaling_efficiency": "efficiency against its own single site"}[metric]
         ax.set(xlabel=_axis_label(key), ylabel=label, title=f"{label} per strategy")
         ax.set_ylim(bottom=0)
-        _people_axes(ax, percent=metric != "tokens_per_s")
+        _people_axes(ax, percent=metric != rate, digits=2 if metric == "steps_per_s" else 0)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
@@ -168,6 +170,7 @@ PEOPLE = {  # column: (heading, format) of the report's tables; nan reads "-"
     "inter_dc_gb_per_step": ("inter-DC MB/step", "MB"), "inter_dc_gb_per_step_predicted": ("inter-DC MB/step predicted", "MB"),
     "workload_payload_inter_gb_per_step": ("payload MB/step", "MB"), "final_loss": ("final loss", "{:.3f}"),
     "repetitions": ("repetitions", "{:,.0f}"), "model_explain": ("where the time goes", "{}"),
+    "steps_per_s": ("steps/s", "{:,.2f}"), "cell_s": ("wall s (start-up included)", "{:,.1f}"),
 }
 
 
@@ -192,10 +195,14 @@ def for_people(table: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
+RATES = {"tokens_per_s": ("tokens/s", "{:,.0f}"), "steps_per_s": ("steps/s", "{:,.2f}")}  # reading's throughput
+
+
+def reading(summary: pd.DataFrame, agg: pd.DataFrame, command: bool = False) -> list[str]:
     """A short automatic reading: the fastest strategy at each sweep point in absolute terms first, then
-    what each keeps of the best single-site throughput (and of its own), cells under 90 %, failures."""
-    lines: list[str] = []
+    what each keeps of the best single-site throughput (and of its own), cells under 90 %, failures. `command`: a
+    user's own command (`testbed run --topology`): its step time and efficiency against its baseline come first."""
+    lines: list[str] = command_lines(summary) if command else []
     failed = summary[summary["status"] != "ok"] if not summary.empty else summary
     if agg.empty or "tokens_per_s" not in agg:  # e.g. a user's own command: no step metrics
         lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
@@ -206,22 +213,24 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
     keys = [c for c in agg.columns if c.startswith(("links[", "workload."))]
     shaped = agg[agg["baseline"] == "False"]
     versus = "efficiency_vs_single_site" in agg and agg["efficiency_vs_single_site"].notna().any()
+    rate = rate_column(agg)
+    unit, fmt = RATES[rate]
     groups = list(shaped.groupby(keys, sort=False)) if keys else [((), shaped)]
     for _, group in groups:
-        ranked = group.sort_values("tokens_per_s", ascending=False)
+        ranked = group.sort_values(rate, ascending=False)
         fastest = ranked.iloc[0]
         text = f"{'At ' + _at(fastest, keys) if keys else 'Across the strategies'}: fastest is " \
-               f"**{fastest['strategy']}** at {fastest['tokens_per_s']:,.0f} tokens/s"
-        others = [f"{row['strategy']} {row['tokens_per_s']:,.0f} ({1 - row['tokens_per_s'] / fastest['tokens_per_s']:.0%} "
+               f"**{fastest['strategy']}** at {fmt.format(fastest[rate])} {unit}"
+        others = [f"{row['strategy']} {fmt.format(row[rate])} ({1 - row[rate] / fastest[rate]:.0%} "
                   "slower)" for _, row in ranked.iloc[1:].iterrows()]
         lines.append(text + ("; " + ", ".join(others) if others else "") + ".")
     if versus:
         workload_keys = [k for k in keys if k.startswith("workload.")]
         base = agg[agg["baseline"] == "True"]
         for _, single in (base.groupby(workload_keys, sort=False) if workload_keys else [((), base)]):
-            best = single.sort_values("tokens_per_s", ascending=False).iloc[0]
+            best = single.sort_values(rate, ascending=False).iloc[0]
             lines.append(f"Single site{' at ' + _at(best, workload_keys) if workload_keys else ''} (every inter-DC "
-                         f"link unshaped) the fastest is {best['strategy']} at {best['tokens_per_s']:,.0f} tokens/s: "
+                         f"link unshaped) the fastest is {best['strategy']} at {fmt.format(best[rate])} {unit}: "
                          "the best single-site throughput.")
         for _, group in groups:
             kept = ", ".join(f"{row['strategy']} {_percent(row['efficiency_vs_single_site'])}"
@@ -240,6 +249,40 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame) -> list[str]:
                          f"{' at ' + _at(row, keys) if keys else ''}: {row['efficiency_vs_single_site']:.0%} ({cost}).")
     lines += [f"Cell `{row['cell']}` FAILED: {row['reason']}" for _, row in failed.iterrows()]
     return lines + lateness_lines(summary) + steal_lines(summary)
+
+
+def command_lines(summary: pd.DataFrame) -> list[str]:
+    """What a user's own command (`testbed run --topology T [--baseline] -- CMD`) took across the DCs: its median
+    step (the slowest rank's), tokens/s where it is known, and the efficiency against its baseline (the same
+    command with every inter-DC link unshaped); where no step was seen, its wall time against the baseline's."""
+    if summary.empty:
+        return []
+    ok = summary[summary["status"] == "ok"]
+    shaped, base = ok[~ok["baseline"].astype(bool)], ok[ok["baseline"].astype(bool)]
+    lines = []
+    for _, row in shaped.iterrows():
+        single = base[base["strategy"] == row["strategy"]]
+        other = single.iloc[0] if not single.empty else None
+        if pd.notna(row.get("step_s_median")):
+            source = ("the optimizer's steps, seen by testbed's hook: no line of the script changed"
+                      if row.get("step_source") == "optimizer hook" else "the steps the script reports")
+            text = f"Your command's step ({source}): median {row['step_s_median']:.3f} s across the DCs"
+            tokens = pd.notna(row.get("tokens_per_s"))
+            if other is not None and pd.notna(other.get("step_s_median")):
+                text += (f", {other['step_s_median']:.3f} s with every inter-DC link unshaped (the baseline): "
+                         f"**{_percent(row.get('efficiency_vs_single_site'))}** efficiency against the baseline")
+                text += (f"; {row['tokens_per_s']:,.0f} tokens/s against {other['tokens_per_s']:,.0f}" if tokens
+                         else " (steps per second; for tokens/s give --tokens-per-step N)")
+            else:
+                text += (f", {row['tokens_per_s']:,.0f} tokens/s" if tokens else "")
+                text += " (for efficiency, --baseline runs it first with every inter-DC link unshaped)"
+            lines.append(text + ".")
+        elif other is not None and pd.notna(row.get("cell_s")) and pd.notna(other.get("cell_s")):
+            lines.append(f"No optimizer step was seen, so no step time: the cells' wall times, start-up included "
+                         f"(interpreter, imports, process group): {row['cell_s']:.1f} s across the DCs against "
+                         f"{other['cell_s']:.1f} s with every inter-DC link unshaped (the baseline): "
+                         f"**{other['cell_s'] / row['cell_s']:.0%}** of the baseline's pace.")
+    return lines
 
 
 def lateness_lines(summary: pd.DataFrame) -> list[str]:
@@ -395,7 +438,8 @@ def build_report(run_dir: Path) -> Path:
     images = plots(run_dir, summary, agg, steps) + model_plot(run_dir, summary) + timeline_plot(run_dir, results, steps,
                                                                                                  _plt())
     windows, sdc = fault_windows(results), sdc_table(results)
-    notes = reading(summary, agg) + model_lines(summary, manifest.get("tcp")) + shared_lines(manifest)
+    notes = reading(summary, agg, command="command" in manifest) + model_lines(summary, manifest.get("tcp")) + \
+        shared_lines(manifest)
     model = for_people(model_table(summary))
     calibration = []
     for result in results:
@@ -404,9 +448,11 @@ def build_report(run_dir: Path) -> Path:
     cal = pd.DataFrame(calibration)
     swept = [c for c in agg.columns if c.startswith(("links[", "workload."))]
     table_cols = [c for c in ("strategy", *(swept or ["baseline"]),
-                              "tokens_per_s", "step_s_median", "step_s_p90", "efficiency_vs_single_site",
+                              "tokens_per_s", *(["steps_per_s"] if rate_column(agg) == "steps_per_s" else []),
+                              "step_s_median", "step_s_p90", "efficiency_vs_single_site",
                               "scaling_efficiency", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step",
-                              "workload_payload_inter_gb_per_step", "final_loss", "repetitions") if c in agg.columns]
+                              "workload_payload_inter_gb_per_step", "final_loss", "repetitions", "cell_s")
+                  if c in agg.columns]
     main_table = for_people(agg[table_cols]) if not agg.empty else agg
     links = pd.DataFrame([{"link": k, **v} for k, v in manifest.get("links", {}).items()])
     md = [f"# {manifest['experiment']}", "", manifest.get("description", "").strip(), "",

@@ -40,7 +40,16 @@ from testbed.runner.fidelity import below_compensation
 from testbed.runner.follow import Follower
 from testbed.runner.hostcpu import StealSampler
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters, node_tcp
-from testbed.runner.ranks import LAUNCHERS, PRELOAD, RankGroup, rank_layout, server_env, workload_argv
+from testbed.runner.ranks import (
+    LAUNCHERS,
+    PRELOAD,
+    RankGroup,
+    command_env,
+    missing_torch,
+    rank_layout,
+    server_env,
+    workload_argv,
+)
 from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.runner.space import (
     OutOfSpace,
@@ -182,11 +191,11 @@ def sdc_record(metrics_dir: Path) -> list[dict]:
 def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, timeout: float, calibration: str,
              ranks_per_node: int, on_tick: Callable[[Path], None] | None = None, faults: list[Fault] | None = None,
              seed: int = 0, sdc_replay: float = 0.0, sdc_replay_by: str = "self", forks: Forks | None = None,
-             restarts: int = 0, checkpoint_every: int = 0) -> dict:
+             restarts: int = 0, checkpoint_every: int = 0, extra_env: dict[str, str] | None = None) -> dict:
     """Run one cell, with `faults` on their schedule; returns its result record (also written to
     cell_dir/result.json). With `forks`, ranks of the built-in workload are forked by it. After a rank dies,
     up to `restarts` times every rank is started again (on a fresh port), from the last checkpoint; `timeout`
-    holds for the whole cell."""
+    holds for the whole cell. `extra_env`: more for every rank's environment (a command's: ranks.command_env)."""
     faults = faults or []
     if cell_dir.exists():
         shutil.rmtree(cell_dir)  # an incomplete earlier attempt
@@ -198,7 +207,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
     env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
-           **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files)}
+           **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files),
+           **(extra_env or {})}
     emulated = registry.get(testbed.state.backend).emulated
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
     sampler = StealSampler().start() if emulated else None  # the ranks share this machine's CPUs
@@ -250,6 +260,9 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     killed = [e["target"] for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None]
     if not outcome.ok and outcome.failed_rank is not None and f"rank {outcome.failed_rank}" in killed:
         outcome.reason += " (killed by the faults: timeline)"
+    interpreter = None if outcome.ok else missing_torch(argv, outcome.log_tail)
+    if interpreter:  # a command whose interpreter has no torch: which one it ran
+        outcome.reason += ": " + interpreter
     if outcome.ok and fault_record["errors"]:  # the cell did not run under the faults it declares
         outcome.ok, outcome.reason = False, "fault not applied: " + "; ".join(fault_record["errors"])
     result = {"cell": dataclasses.asdict(cell), "argv": argv, "status": "ok" if outcome.ok else "failed",
@@ -458,12 +471,15 @@ def finish_run(run_dir: Path, shared: list[dict] | None = None) -> Path:
 def run_command(topology_path: Path, command: list[str], out_root: Path, *, prefix: str | None = None,
                 shaper: str = "auto",
                 ranks_per_node: int = 1, timeout: float = 3600, progress: Any = None,
-                backend: str | Backend = registry.DEFAULT, baseline: bool = False, warmup_steps: int = 2) -> Path:
+                backend: str | Backend = registry.DEFAULT, baseline: bool = False, warmup_steps: int = 2,
+                tokens_per_step: int | None = None) -> Path:
     """Bring your own workload: run `command` as every rank across the emulated DCs, with the same env,
     logs, counters and manifest as an experiment (one cell named `command`; with `baseline`, first a cell
-    `command__baseline` with every inter-DC link unshaped). Steps the command reports (testbed.steplog) get
-    the built-in workload's figures, the first `warmup_steps` left out. `prefix` and a full disk as in
-    run_experiment (the command's own files are not in the estimate: only the harness's)."""
+    `command__baseline` with every inter-DC link unshaped). Its optimizer's steps (seen by a hook installed at
+    each rank's start: ranks.command_env), or the steps it reports itself (testbed.steplog), get the built-in
+    workload's figures, the first `warmup_steps` left out; tokens/s with `tokens_per_step` (all ranks together)
+    or steps it reports. `prefix` and a full disk as in run_experiment (the command's own files are not in the
+    estimate: only the harness's)."""
     topology = load_topology(topology_path)
     experiment = Experiment(name=f"command-{topology.name}", topology=str(topology_path),
                             strategies=[{"name": "flat-dp"}], baseline="auto" if baseline else "none",
@@ -484,6 +500,7 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
             note_beside(beside, prefix)
             atomic_write(run_dir / "manifest.json", json.dumps(
                 manifest(experiment, None, testbed, {"command": command, "warmup_steps": warmup_steps,
+                                                     "tokens_per_step": tokens_per_step,
                                                      "prefix": prefix, "shared_host": shared_host(beside)}), indent=1))
             if progress:
                 progress.start(len(cells), 0, run_dir)
@@ -494,7 +511,8 @@ def run_command(topology_path: Path, command: list[str], out_root: Path, *, pref
                 note_beside(beside, prefix)
                 if progress:
                     progress.cell(cell)
-                result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node)
+                result = run_cell(testbed, cell, command, run_dir / "cells" / cell.id, timeout, "rtt", ranks_per_node,
+                                  extra_env=command_env(tokens_per_step))
                 failed_for_room(run_dir / "cells" / cell.id, result, cell_bytes(cell, ranks), len(cells), None)
                 if progress:
                     progress.done(cell, result)

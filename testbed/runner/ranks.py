@@ -28,6 +28,10 @@ WORKLOAD = "testbed.workload"  # the built-in workload: what the fork launcher r
 PRELOAD = "testbed.workload.preload"  # what its fork server imports once
 FORKABLE = (WORKLOAD, "testbed.workload.calibrate")  # modules that need nothing PRELOAD did not import
 LAUNCHERS = ("auto", "fork", "exec")  # auto: fork where the backend can, else exec
+# a bring-your-own command's ranks start with this directory first on PYTHONPATH: its sitecustomize installs the
+# optimizer step hook of testbed.workload.autostep (step metrics without a line of the script changed)
+AUTOSTEP_SITE = Path(__file__).resolve().parents[1] / "workload" / "autostep_site"
+INTERPRETER_NOTE = "testbed: no torch in the interpreter this rank ran: "  # that hook's line, then the path
 
 
 def workload_argv(args: list[str]) -> list[str]:
@@ -51,6 +55,29 @@ def server_env() -> dict[str, str]:
     """The fork server's environment: what every rank's environment shares that is read at start-up (a fork
     has started already): one OpenMP thread (so torch's import starts none), unbuffered output."""
     return {**base_env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def command_env(tokens_per_step: int | None = None) -> dict[str, str]:
+    """What a bring-your-own command's ranks get beyond the contract: AUTOSTEP_SITE first on PYTHONPATH (before
+    this process's own), and TESTBED_TOKENS_PER_STEP (all ranks together) when the user named it. (netns: the ranks
+    see this machine's files; the docker and ssh fabrics set a PYTHONPATH of their own.)"""
+    own = os.environ.get("PYTHONPATH")
+    env = {"PYTHONPATH": os.pathsep.join([str(AUTOSTEP_SITE), *([own] if own else [])])}
+    if tokens_per_step:
+        env["TESTBED_TOKENS_PER_STEP"] = str(tokens_per_step)
+    return env
+
+
+def missing_torch(argv: list[str], tail: list[str] | None) -> str | None:
+    """Why a command's rank died when its interpreter has no torch, naming that interpreter (the rank printed its
+    path: testbed.workload.autostep) and how the command named it; None for any other death."""
+    ran = next((line.strip()[len(INTERPRETER_NOTE):] for line in reversed(tail or [])
+                if line.startswith(INTERPRETER_NOTE)), None)
+    if ran is None:
+        return None
+    typed = f"`{argv[0]}`" + (" (on the rank's PATH)" if os.sep not in argv[0] else "")
+    return (f"{typed} ran {ran}, which cannot import torch: put the interpreter that has torch after --, e.g. "
+            "`testbed run --topology T -- .venv/bin/python train.py`")
 
 
 @dataclass(frozen=True)
