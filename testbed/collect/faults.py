@@ -29,6 +29,42 @@ def sdc_table(results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{"cell": result["cell"]["id"], **item} for result in results for item in result.get("sdc") or []])
 
 
+def fault_lines(results: list[dict], summary: pd.DataFrame) -> list[str]:
+    """The Reading's line on each cell that met faults: every restart (who died, from which checkpoint, what was done
+    again), what the slow steps cost (stall_s, effective_time_ratio), and what caught each bit flip."""
+    rows = {row["cell"]: row for _, row in summary.iterrows()} if not summary.empty else {}
+    lines = []
+    for result in results:
+        cell, parts = result["cell"]["id"], []
+        row = rows.get(cell, pd.Series(dtype=object))
+        for restart in result.get("restarts") or []:
+            after = restart.get("resumed_after_step")
+            parts.append(f"{restart['reason']}; every rank started again"
+                         + (f" {restart['recovery_s']:.1f} s later" if restart.get("recovery_s") is not None else "")
+                         + (f" from the checkpoint after step {after}" if after is not None else
+                            " from step 0 (no checkpoint)")
+                         + f", {restart['steps_lost']} step(s) done again"
+                         + (f" ({restart['lost_s']:.1f} s of work)" if restart.get("lost_s") is not None else ""))
+        applied = [e for e in (result.get("faults") or {}).get("faults", []) if e.get("applied_at") is not None]
+        if (applied or result.get("restarts")) and pd.notna(row.get("stall_s")):
+            slow = (f"the slow steps took {row['stall_s']:.2f} s beyond the median step" if row["stall_s"] > 0
+                    else "no step took twice the median")
+            parts.append(f"{slow}, effective time ratio {row['effective_time_ratio']:.0%}")
+        flips = [item for item in result.get("sdc") or [] if item.get("target")]
+        if flips:
+            caught = [f"rank {i['rank']} step {i['step']} by {i['detected_by']}" for i in flips
+                      if i["classification"] != "missed"]
+            missed = [f"rank {i['rank']} step {i['step']}" for i in flips if i["classification"] == "missed"]
+            parts.append(f"{len(caught)} of {len(flips)} bit flips caught" + (f" ({', '.join(caught)})" if caught else "")
+                         + (f", missed: {', '.join(missed)}" if missed else ""))
+        unexplained = [item for item in result.get("sdc") or [] if not item.get("target")]
+        if unexplained:
+            parts.append(f"{len(unexplained)} detection(s) where no bit was flipped (false positives)")
+        if parts:
+            lines.append(f"Cell `{cell}`: " + "; ".join(parts) + ".")
+    return lines
+
+
 def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: Any) -> list[tuple[str, str]]:
     """tokens/s of every step of each cell that had faults, against the cell's clock, fault windows shaded."""
     faulted = [r for r in results if (r.get("faults") or {}).get("clock_zero") and (r["faults"].get("faults"))]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.collect.faults import fault_windows, sdc_table, timeline_plot
+from testbed.collect.faults import fault_lines, fault_windows, sdc_table, timeline_plot
 from testbed.collect.frames import (
     HOST_STEAL_BOUND,
     add_predictions,
@@ -438,8 +438,8 @@ def build_report(run_dir: Path) -> Path:
     images = plots(run_dir, summary, agg, steps) + model_plot(run_dir, summary) + timeline_plot(run_dir, results, steps,
                                                                                                  _plt())
     windows, sdc = fault_windows(results), sdc_table(results)
-    notes = reading(summary, agg, command="command" in manifest) + model_lines(summary, manifest.get("tcp")) + \
-        shared_lines(manifest)
+    notes = (reading(summary, agg, command="command" in manifest) + fault_lines(results, summary)
+             + model_lines(summary, manifest.get("tcp")) + shared_lines(manifest))
     model = for_people(model_table(summary))
     calibration = []
     for result in results:

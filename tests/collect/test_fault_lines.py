@@ -1,0 +1,44 @@
+"""The Reading's line on each cell that met faults (testbed.collect.faults.fault_lines), from result records as a
+run writes them: a restart, the slow steps, the bit flips caught and missed; nothing for a quiet cell. No root."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from testbed.collect.faults import fault_lines
+
+
+def result(cell: str, **fields) -> dict:
+    return {"cell": {"id": cell}, "faults": {"faults": fields.pop("faults", [])}, **fields}
+
+
+def test_a_restart_a_straggler_and_flips_each_read_in_one_line_per_cell():
+    results = [
+        result("flat-dp__r0", faults=[{"kind": "kill", "applied_at": 3.0}],
+               restarts=[{"reason": "rank 3 on west-1 died (signal 9)", "resumed_after_step": 7, "steps_lost": 1,
+                          "lost_s": 0.43, "recovery_s": 1.0}]),
+        result("slow__r0", faults=[{"kind": "straggler", "applied_at": 2.0}]),
+        result("sdc__r0", sdc=[
+            {"rank": 1, "step": 3, "target": "gradient", "detected_by": "grad-checksum", "classification": "transient"},
+            {"rank": 3, "step": 7, "target": "gradient", "detected_by": None, "classification": "missed"},
+            {"rank": 0, "step": 9, "target": None, "detected_by": "grad-norm", "classification": "reproduced"}]),
+        result("quiet__r0"),
+    ]
+    summary = pd.DataFrame([{"cell": "flat-dp__r0", "stall_s": 0.0, "effective_time_ratio": 0.64},
+                            {"cell": "slow__r0", "stall_s": 0.46, "effective_time_ratio": 0.86},
+                            {"cell": "sdc__r0", "stall_s": 0.0, "effective_time_ratio": 0.99},
+                            {"cell": "quiet__r0", "stall_s": 0.0, "effective_time_ratio": 1.0}])
+    assert fault_lines(results, summary) == [
+        "Cell `flat-dp__r0`: rank 3 on west-1 died (signal 9); every rank started again 1.0 s later from the "
+        "checkpoint after step 7, 1 step(s) done again (0.4 s of work); no step took twice the median, effective "
+        "time ratio 64%.",
+        "Cell `slow__r0`: the slow steps took 0.46 s beyond the median step, effective time ratio 86%.",
+        "Cell `sdc__r0`: 1 of 2 bit flips caught (rank 1 step 3 by grad-checksum), missed: rank 3 step 7; 1 "
+        "detection(s) where no bit was flipped (false positives)."]
+
+
+def test_a_restart_with_no_checkpoint_starts_over():
+    restart = {"reason": "rank 3 died", "resumed_after_step": None, "steps_lost": 9, "lost_s": 2.3, "recovery_s": None}
+    (line,) = fault_lines([result("a", restarts=[restart])], pd.DataFrame([{"cell": "a", "stall_s": float("nan")}]))
+    assert line == "Cell `a`: rank 3 died; every rank started again from step 0 (no checkpoint), 9 step(s) done " \
+                   "again (2.3 s of work)."
