@@ -455,13 +455,13 @@ def build_report(run_dir: Path) -> Path:
                   if c in agg.columns]
     main_table = for_people(agg[table_cols]) if not agg.empty else agg
     links = pd.DataFrame([{"link": k, **v} for k, v in manifest.get("links", {}).items()])
-    md = [f"# {manifest['experiment']}", "", manifest.get("description", "").strip(), "",
+    md = [f"# {manifest['experiment']}", "", "## Reading", "", *[f"- {line}" for line in notes], "",
+          "## The run", "", manifest.get("description", "").strip(), "",
           f"- run: `{run_dir}`", f"- git commit: `{manifest.get('git_commit')}`, kernel `{manifest.get('kernel')}`, "
           f"{manifest.get('host_cpus')} CPUs, shaper **{manifest.get('shaper')}**",
           f"- versions: {', '.join(f'{k} {v}' for k, v in manifest.get('versions', {}).items())}",
           f"- warm-up steps excluded from figures: {manifest.get('warmup_steps')}; repetitions: "
-          f"{manifest.get('repetitions')}; seed {manifest.get('seed')}", "", "## Reading", "",
-          *[f"- {line}" for line in notes], ""]
+          f"{manifest.get('repetitions')}; seed {manifest.get('seed')}", ""]
     if checks:
         md += ["## Claims and thresholds", "", *[f"- {check_line(check)}" for check in checks], ""]
     md += ["## Results (median over repetitions)", "",
@@ -503,13 +503,17 @@ def _html(manifest: dict, run_dir: Path, notes: list[str], checks: list[dict], t
     model_html = "" if model.empty else ("<h2>Predicted vs measured (cost model)</h2><p>" + esc(model_text(run_dir)) + "</p>"
                                          + model.to_html(index=False, float_format=lambda v: f"{v:.3g}"))
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(manifest['experiment'])}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}table{{border-collapse:collapse;
-font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}
-img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail{{color:#a00}}</style></head><body>
-<h1>{esc(manifest['experiment'])}</h1><p>{esc(manifest.get('description', ''))}</p>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
+table{{border-collapse:collapse;font-size:13px;display:block;max-width:100%;overflow-x:auto}}
+td,th{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}
+img{{max-width:100%;border:1px solid #ddd;margin:6px 0}}.pass{{color:#060}}.fail{{color:#a00}}
+code{{overflow-wrap:anywhere}}</style></head><body>
+<h1>{esc(manifest['experiment'])}</h1>
+<h2>Reading</h2><ul>{''.join(f'<li>{md_bold(n)}</li>' for n in notes)}</ul>
+<h2>The run</h2><p>{esc(manifest.get('description', ''))}</p>
 <p>shaper <b>{esc(str(manifest.get('shaper')))}</b>, kernel {esc(str(manifest.get('kernel')))},
 {manifest.get('host_cpus')} CPUs, commit <code>{esc(str(manifest.get('git_commit')))}</code></p>
-<h2>Reading</h2><ul>{''.join(f'<li>{md_bold(n)}</li>' for n in notes)}</ul>
 {'<h2>Claims and thresholds</h2><ul>' + check_items + '</ul>' if checks else ''}
 <h2>Results (median over repetitions)</h2>{table.to_html(index=False, float_format=lambda v: f'{v:.3g}')}
 {''.join(f'<h3>{esc(t)}</h3><img src="{esc(p)}" alt="{esc(t)}">' for p, t in images)}
