@@ -172,7 +172,7 @@ def test_hsdp_and_fsdp_collectives_share_their_process_groups_connections(monkey
     Modelled with a connection per unit, every one restarted from the initial window: on a 16-core machine
     (2026-11-27, vs-pytorch, 2 x 2 ranks at 20 ms) the model put each 100 KB cross-DC all-reduce at 3 round trips
     (123 ms, 5 a step) where the whole step's measured 0.41 s held 2, and HSDP's step 20-31 % too slow."""
-    import testbed.model.strategies as strategies
+    import testbed.model.strategies.base as strategies  # the inter-DC all-reduce: _inter_reduce
 
     seen: list[tuple[list[int], float]] = []
     real = strategies.gloo_all_reduce
