@@ -40,6 +40,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "TESTBED_PROBE_RT": ("user", "`0` runs the probe's pinger and echo without `SCHED_FIFO`"),
     "TESTBED_DELAY_LINE_COMPENSATE": ("user", "`0` makes the delay line aim each packet at its due time itself, "
                                               "not ahead of it by its own measured release path"),
+    "TESTBED_DELAY_LINE_BATCH": ("user", "`0` makes the delay line watch its queue all the time instead of "
+                                         "reading what arrived in one batch when it wakes for the head"),
     "TESTBED_OWNERS_DIR": ("user", "where the lock files that say which process holds a testbed live (default "
                                    "`testbed-owners/` in the state's root)"),
     "TESTBED_THREADS_PER_RANK": ("user, rank", "intra-op threads per rank (default 1)"),
