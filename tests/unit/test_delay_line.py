@@ -111,3 +111,18 @@ def test_lateness_summary_and_delta():
     after = {"worker": 5, "late": {"0": 15, "3": 2, "9": 1}}
     assert lateness_delta(before, after) == {"0": 5, "9": 1}
     assert lateness_delta(before, {"worker": 6, "late": {"0": 4}}) == {"0": 4}  # a restarted worker starts again
+
+
+def test_the_worker_sleeps_unwatched_only_as_long_as_no_new_packet_could_be_due():
+    """A new arrival is held at least latency - jitter (less the compensation): the worker may sleep that long
+    without reading its queue; a direction with nothing to do (no rule, no packets) does not shorten it."""
+    from testbed.agents.delayline.worker import soonest
+
+    rng = random.Random(1)
+    slow, jittery, idle = (Direction(0, 0.020, 0.0, 0.0, rng), Direction(1, 0.005, 0.002, 0.0, rng),
+                           Direction(2, 0.0, 0.0, 0.0, rng))
+    jittery.compensation = 0.0001
+    assert soonest({0: slow, 2: idle}) == pytest.approx(0.020)
+    assert soonest({0: slow, 1: jittery, 2: idle}) == pytest.approx(0.005 - 0.002 - 0.0001)
+    assert soonest({2: idle}) == float("inf")
+    assert soonest({3: Direction(3, 0.0, 0.0, 0.01, rng)}) == 0.0  # loss alone: queued, due at once
