@@ -3,9 +3,10 @@
 RTT error is by the definition `testbed probe` uses (testbed.runner.fidelity): the measured round trip less the
 configured one less the floor, the mean of the two DCs' own unshaped round trips, measured in the same cell with the
 same pinger (east-1 -> east-0, west-1 -> west-0). With the userspace delay line, each point runs twice, one after
-the other: with the delay line's compensation of its own path, and without ("userspace-delay uncompensated",
-$TESTBED_DELAY_LINE_COMPENSATE=0), so the table shows what the compensation buys; the delay line's own figures
-(what it measured of its path, the residual it still adds) come beside.
+the other: as it is, without the compensation of its own path ("userspace-delay uncompensated") and watching its
+queue all the time ("userspace-delay unbatched": two wake-ups a packet, its CPU before the change), so the table
+shows what each change buys; the delay line's own figures (what it measured of its path, the residual it still
+adds) come beside.
 
 One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for each shaper asked for (default: every
 shaper this kernel has: netem beside userspace-delay where sch_netem exists), in one run on one kernel.
@@ -22,7 +23,7 @@ To compare both shapers where this kernel has no netem, run it in user-mode Linu
 
 Usage: .venv/bin/python bench/link_fidelity.py [--shaper netem,userspace-delay] [--delays 1,5,20,50]
                                                [--rates 100mbit,1gbit,2.5gbit] [--reps 1] [--out bench/out]
-                                               [--uncompensated | --no-uncompensated]
+                                               [--variants uncompensated,unbatched]
        (root; with --reps N every figure is the median of N runs)
 """
 
@@ -52,8 +53,10 @@ from testbed.spec.topology import topology_from_data
 PREFIX = "tb-fid-"
 PORT = 5201
 TICKS = os.sysconf("SC_CLK_TCK")
-UNCOMPENSATED = "userspace-delay uncompensated"  # the delay line aiming at the due time itself
-COMPENSATE_ENV = "TESTBED_DELAY_LINE_COMPENSATE"
+VARIANTS = {  # the delay line as it was before a change, beside it in the same run: the switch that undoes it
+    "uncompensated": {"TESTBED_DELAY_LINE_COMPENSATE": "0"},  # aims at the due time itself
+    "unbatched": {"TESTBED_DELAY_LINE_BATCH": "0"},  # watches its queue all the time: two wake-ups a packet
+}
 
 
 def agent(*args: str) -> list[str]:
@@ -88,12 +91,13 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
                                                                {"name": "west", "nodes": 2}],
                                    "links": [{"between": ["east", "west"], "latency": f"{delay_ms}ms",
                                               "bandwidth": rate}]})
-    if shaper == UNCOMPENSATED:
-        os.environ[COMPENSATE_ENV] = "0"  # the delay line's processes inherit it
+    switches = VARIANTS.get(shaper.removeprefix("userspace-delay "), {})
+    os.environ.update(switches)  # the delay line's processes inherit them
     try:
-        testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay" if shaper == UNCOMPENSATED else shaper)
+        testbed = bring_up(topology, prefix=PREFIX, shaper=shaper.split()[0])
     finally:
-        os.environ.pop(COMPENSATE_ENV, None)
+        for name in switches:
+            os.environ.pop(name, None)
     rate_bps = units.parse_rate(rate)
     rtt = 2 * delay_ms / 1e3
     dst = testbed.plan.node("west-0").address
@@ -182,12 +186,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--shaper", default="", help="netem,userspace-delay (default: those this kernel has)")
     parser.add_argument("--reps", type=int, default=1, help="repetitions (medians; shaper order alternates)")
-    parser.add_argument("--uncompensated", action=argparse.BooleanOptionalAction, default=True,
-                        help="beside userspace-delay, the same delay line without its compensation")
+    parser.add_argument("--variants", default="uncompensated,unbatched",
+                        help=f"beside userspace-delay, the delay line without a change ({', '.join(VARIANTS)}; none)")
     args = parser.parse_args()
     shapers = args.shaper.split(",") if args.shaper else ["userspace-delay"] + (["netem"] if has_netem() else [])
-    if args.uncompensated and "userspace-delay" in shapers:
-        shapers.insert(shapers.index("userspace-delay") + 1, UNCOMPENSATED)
+    if "userspace-delay" in shapers:
+        variants = [f"userspace-delay {name}" for name in args.variants.split(",") if name in VARIANTS]
+        shapers[shapers.index("userspace-delay") + 1:shapers.index("userspace-delay") + 1] = variants
     rows = []
     for rep in range(args.reps):
         for rate in args.rates.split(","):
