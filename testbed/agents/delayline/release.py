@@ -7,7 +7,7 @@ The delay line's own path (waking up for a packet, the verdict, the kernel's re-
 link does not ask for. Each direction measures it as it runs: for packets it could wait for, how long after the
 moment it aimed at each one its verdict came back (the kernel re-injects the packet inside that call; the call also
 carries the packet on through whatever the kernel does next at once, which the unshaped path does too: this errs
-early, by 0-0.04 ms a round trip measured here). It aims that much (the median, `compensation`)
+early, by 0-0.05 ms a round trip measured here on a busy machine). It aims that much (the median, `compensation`)
 before each packet's due time, so that the packet leaves when due. A packet whose due time has passed by the time
 the worker sees it (a delay below `least`: the worker's own reaction) cannot be compensated and leaves as soon as
 it can. Each release records its residual, when its verdict is back (sent + the call's running time) against its
