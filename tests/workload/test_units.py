@@ -157,9 +157,9 @@ def test_the_workload_command_line_comes_from_the_option_definitions(capsys):
                                      "--compute-ms", "12.5"]))
     assert set(args) == set(OPTIONS) and args["schedule"] == "overlap" and args["outer_shard"] is False
     assert args["compute_ms"] == 12.5 and args["chunks"] == OPTIONS["chunks"].default
-    for bad, needle in ((["--chunks", "four"], "--chunks: Input should be a valid integer"),
-                        (["--lanes", "0"], "--lanes: Input should be greater than or equal to 1"),
-                        (["--schedule", "zigzag"], "--schedule: Input should be 'gpipe', '1f1b'")):
+    for bad, needle in ((["--chunks", "four"], "--chunks: expected a whole number, got 'four'"),
+                        (["--lanes", "0"], "--lanes: must be at least 1, got '0'"),
+                        (["--schedule", "zigzag"], "--schedule: expected 'gpipe', '1f1b'")):
         with pytest.raises(SystemExit) as caught:
             parser().parse_args(bad)
         assert caught.value.code == 2 and needle in capsys.readouterr().err
