@@ -24,6 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed import settings
 from testbed.atomic import write_text
 from testbed.plan.containers import ROUTER_ENV, ROUTER_READY, ROUTER_STATE_DIR, RouterConfig
 from testbed.plan.delayline import DelayDirection
@@ -63,7 +64,7 @@ class RouterState:
 
 
 def _delay_dir() -> Path:
-    return Path(os.environ.get("TESTBED_STATE_DIR", ROUTER_STATE_DIR))
+    return Path(os.environ.get(settings.STATE_DIR, ROUTER_STATE_DIR))
 
 
 def _config() -> RouterConfig:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from typer.core import TyperOption
 
+from testbed import settings
 from testbed.cli.commands import app, err
 
 EXIT_INTERNAL = 70  # an unexpected exception: a bug; the traceback is in a log file
@@ -25,8 +26,8 @@ TyperOption.display_type_rich = _flag_has_no_placeholder
 
 def crash_log_dir() -> Path:
     """Where tracebacks of unexpected failures go: $TESTBED_LOG_DIR, else $XDG_STATE_HOME/testbed."""
-    if os.environ.get("TESTBED_LOG_DIR"):
-        return Path(os.environ["TESTBED_LOG_DIR"])
+    if os.environ.get(settings.LOG_DIR):
+        return Path(os.environ[settings.LOG_DIR])
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "testbed"
 
 

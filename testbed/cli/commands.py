@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from testbed import settings
 from testbed.plan import DEFAULT_PREFIX
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
@@ -46,13 +47,13 @@ def _everything(ctx: typer.Context,
         print(ctx.get_help())
         raise typer.Exit()
 
-PrefixOption = typer.Option(os.environ.get("TESTBED_PREFIX", DEFAULT_PREFIX), "--prefix",
-                            help="Name prefix of every kernel object (env TESTBED_PREFIX).")
+PrefixOption = typer.Option(os.environ.get(settings.PREFIX, DEFAULT_PREFIX), "--prefix",
+                            help=f"Name prefix of every kernel object (env {settings.PREFIX}).")
 BackendOption = typer.Option("netns", "--backend", help="netns (namespaces on this machine) | docker (containers) "
                                                       "| ssh (inventory hosts)")
 KNOWN_HOSTS = Path("~/.ssh/known_hosts")
-ImageOption = typer.Option(None, "--image", show_default=os.environ.get("TESTBED_IMAGE", "testbed:latest"),
-                           help="With --backend docker: the image (compose/Dockerfile; env TESTBED_IMAGE).")
+ImageOption = typer.Option(None, "--image", show_default=os.environ.get(settings.IMAGE, "testbed:latest"),
+                           help=f"With --backend docker: the image (compose/Dockerfile; env {settings.IMAGE}).")
 AdoptOption = typer.Option(False, "--adopt", help="With --backend docker: use the containers `docker compose up` "
                                                   "started from a `testbed compose` file; never remove them.")
 InventoryOption = typer.Option(None, "--inventory", help="With --backend ssh: the inventory YAML file.")
@@ -476,7 +477,7 @@ def run(ctx: typer.Context,
                                                             "exit 1 when one is missed."),
         image: Optional[str] = ImageOption, adopt: bool = AdoptOption,
         prefix: Optional[str] = typer.Option(None, "--prefix", show_default="a free tb-runN-", help="Name prefix of "
-                                             "every kernel object (env TESTBED_PREFIX); without either, one of the "
+                                             f"every kernel object (env {settings.PREFIX}); without either, one of the "
                                              "run's own, so that runs go side by side (with --adopt: tb-).")) -> None:
     """Run an experiment cell by cell (or, with --topology, your own torchrun-style command) and report.
     Exit 1 when a cell failed (or, with --check, a threshold was missed, or the disk is full)."""
@@ -490,7 +491,7 @@ def run(ctx: typer.Context,
     cancel.install()
     progress = RunProgress(err)
     # compose's containers (--adopt) carry the prefix `testbed compose` gave them, tb- unless told otherwise
-    prefix = prefix or os.environ.get("TESTBED_PREFIX") or (DEFAULT_PREFIX if adopt else None)
+    prefix = prefix or os.environ.get(settings.PREFIX) or (DEFAULT_PREFIX if adopt else None)
     try:
         if topology is not None:
             command = ([str(experiment)] if experiment else []) + list(ctx.args)

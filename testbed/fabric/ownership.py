@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from testbed import settings
 from testbed.fabric.errors import FabricError
 from testbed.fabric.state import runtime_root, state_dir, state_path
 from testbed.waiting import alive
 
-OWNERS_DIR_ENV = "TESTBED_OWNERS_DIR"
+OWNERS_DIR_ENV = settings.OWNERS_DIR
 LOCK_SUFFIX = ".lock"
 RECORD_WAIT_S = 1.0  # how long a new holder may take to write its record after taking the lock
 

@@ -13,13 +13,14 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from testbed import settings
 from testbed.atomic import write_text
 from testbed.fabric import registry
 from testbed.fabric.errors import FabricError
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology, topology_from_data
 
-STATE_DIR_ENV = "TESTBED_STATE_DIR"
+STATE_DIR_ENV = settings.STATE_DIR
 RUNTIME_ROOTS = ("/run", "/dev/shm")  # the first that is in memory holds the state (/run, where none is)
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
 

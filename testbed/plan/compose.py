@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
+from testbed import settings
 from testbed.plan.containers import LABEL, LABEL_ROLE, NETWORK_OPTIONS, ContainerSpec, ContainersPlan
 
-IMAGE = "${TESTBED_IMAGE:-testbed:latest}"
+IMAGE = f"${{{settings.IMAGE}:-testbed:latest}}"
 INPUT = "/input"
 RESULTS = "/results"
 

@@ -20,6 +20,7 @@ import ipaddress
 import json
 from dataclasses import asdict, dataclass, field
 
+from testbed import settings
 from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.addressing import allocate
 from testbed.plan.network import NetworkPlan, build_plan, direction_key, link_direction_params
@@ -33,7 +34,7 @@ LABEL = "testbed"  # every container, network and image carries it; its value is
 LABEL_ROLE, LABEL_NODE, LABEL_DC = "testbed.role", "testbed.node", "testbed.dc"
 DEFAULT_IMAGE = "testbed:latest"
 ROUTER_COMMAND = ("python", "-m", "testbed.agents.router")  # + serve (a DC router) | idle (a node)
-ROUTER_ENV = "TESTBED_ROUTER"  # the router's configuration, RouterConfig as JSON
+ROUTER_ENV = settings.ROUTER  # the router's configuration, RouterConfig as JSON
 ROUTER_STATE_DIR = "/run/testbed"  # in memory (tmpfs): a fault's new delay-line configuration is written there
 # while the cell runs, and a container's /run is on the docker host's disk, where one write can wait 0.26 s
 ROUTER_READY = f"{ROUTER_STATE_DIR}/router.ready"
@@ -213,7 +214,7 @@ def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str 
             f"{dc.name}-gw", "router", dc.name,
             (Attachment(lan_name, str(router_address)), *link_attachments[dc.name]),
             (*ROUTER_COMMAND, "serve"), dict(ROUTER_SYSCTLS), ("NET_ADMIN",),
-            {ROUTER_ENV: config.to_json(), "TESTBED_STATE_DIR": ROUTER_STATE_DIR},
+            {ROUTER_ENV: config.to_json(), settings.STATE_DIR: ROUTER_STATE_DIR},
             healthcheck=("CMD", "test", "-f", ROUTER_READY), tmpfs=(ROUTER_STATE_DIR,), router=config))
     return ContainersPlan(topology.name, prefix, shaper, tuple(lans + link_nets), tuple(containers))
 

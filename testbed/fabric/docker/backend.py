@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from testbed import settings
 from testbed.fabric.backend import Backend, BackendOptions, Progress
 from testbed.fabric.base import Fabric
 from testbed.fabric.docker.engine import clean, engine_available
@@ -19,7 +20,7 @@ from testbed.spec.topology import Topology
 
 
 def default_image() -> str:
-    return os.environ.get("TESTBED_IMAGE", DEFAULT_IMAGE)
+    return os.environ.get(settings.IMAGE, DEFAULT_IMAGE)
 
 
 class DockerOptions(BackendOptions):

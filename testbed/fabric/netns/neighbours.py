@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from testbed import settings
 from testbed.atomic import write_text
 
 NEIGH = Path("/proc/sys/net/ipv4/neigh/default")
-RECORD = Path(os.environ.get("TESTBED_NEIGH_RECORD", "/run/testbed-neighbour-limits.json"))
+RECORD = Path(os.environ.get(settings.NEIGH_RECORD, "/run/testbed-neighbour-limits.json"))
 NAMES = ("gc_thresh2", "gc_thresh3")
 
 

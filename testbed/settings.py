@@ -1,0 +1,12 @@
+"""What the harness reads from its own environment (not a rank's: testbed.rankenv), named once.
+
+Standard library only: the CLI, the backends, the plans and the agents read it (agents never import fabric)."""
+
+PREFIX = "TESTBED_PREFIX"  # name prefix of every kernel object (`--prefix`)
+STATE_DIR = "TESTBED_STATE_DIR"  # where state files live (testbed.fabric.state; a DC router's, in its container)
+LOG_DIR = "TESTBED_LOG_DIR"  # where an unexpected failure's traceback is written (testbed.cli)
+IMAGE = "TESTBED_IMAGE"  # the docker backend's image
+OWNERS_DIR = "TESTBED_OWNERS_DIR"  # where the lock files of who holds a testbed live (testbed.fabric.ownership)
+NEIGH_RECORD = "TESTBED_NEIGH_RECORD"  # where `up` records the ARP table limit it raised
+ROUTER = "TESTBED_ROUTER"  # a DC router's configuration, RouterConfig as JSON (testbed.agents.router)
+
