@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed import rankenv
+
 __all__ = ["StepLog"]
 
 
@@ -75,7 +77,7 @@ class StepLog:
     def __init__(self, directory: str | os.PathLike | None = None, rank: int | None = None, **start: Any) -> None:
         """directory: default $TESTBED_METRICS_DIR; rank: default $RANK (0); `start`: extra fields for the
         start line (model size, options...). The clock of the first step starts here."""
-        directory = directory if directory is not None else os.environ.get("TESTBED_METRICS_DIR")
+        directory = directory if directory is not None else os.environ.get(rankenv.METRICS_DIR)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else int(rank)
         self.path = Path(directory) / f"rank{self.rank}.jsonl" if directory else None
         self.steps = 0

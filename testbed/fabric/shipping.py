@@ -7,8 +7,10 @@ import io
 import tarfile
 from pathlib import Path
 
+from testbed import rankenv
+
 PACKAGE = Path(__file__).resolve().parents[1]
-PASS_ENV = ("TESTBED_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GLOO_",
+PASS_ENV = (rankenv.PREFIX, "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GLOO_",
             "NCCL_", "OMP_", "PYTHONUNBUFFERED", "TORCH_", "CUDA_VISIBLE_DEVICES")
 
 

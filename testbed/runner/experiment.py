@@ -34,6 +34,7 @@ from testbed.fabric.lifecycle import Testbed, bring_up, tear_down
 from testbed.fabric.ownership import Owner, claim, claim_free, live_owners, release
 from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.faults import fault_seed, longest_partition
+from testbed.rankenv import RankEnv
 from testbed.runner.cells import UNSHAPED, Cell, base_links, plan_cells
 from testbed.runner.faults import FaultDriver
 from testbed.runner.fidelity import below_compensation
@@ -156,8 +157,7 @@ def sdc_env(faults: list[Fault], cell_id: str, seed: int, replay: float = 0.0, b
              for i, f in enumerate(faults) if f.kind == "sdc"]
     if not items:
         return {}
-    return {"TESTBED_SDC": json.dumps(items), "TESTBED_SDC_CHECK": "1", "TESTBED_SDC_REPLAY": f"{replay:g}",
-            "TESTBED_SDC_BUDDY": "1" if by == "buddy" else "0"}
+    return RankEnv(sdc=tuple(items), sdc_check=True, sdc_replay=replay, sdc_buddy=by == "buddy").to_env()
 
 
 def sdc_record(metrics_dir: Path) -> list[dict]:
@@ -206,7 +206,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     probe = calibrate(testbed, calibration)
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
-    env = {"TESTBED_PG_TIMEOUT": f"{pg_timeout(faults):g}", **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
+    env = {**RankEnv(pg_timeout=pg_timeout(faults)).to_env(), **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
            **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files),
            **(extra_env or {})}
     emulated = registry.get(testbed.state.backend).emulated

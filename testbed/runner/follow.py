@@ -8,9 +8,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from testbed import rankenv
+
 # GNU tail: from the first byte, following the name (the rank creates the file after tail starts), polling
 # every 10 ms where inotify is not used
-TAIL = 'exec tail -c +1 -s 0.01 -F "$TESTBED_METRICS_DIR/$0" 2>/dev/null'
+TAIL = f'exec tail -c +1 -s 0.01 -F "${rankenv.METRICS_DIR}/$0" 2>/dev/null'
 
 
 class Follower:
@@ -21,7 +23,7 @@ class Follower:
         self.path = into
         self._out = open(into, "wb")
         try:
-            self._proc = fabric.popen(node, ["sh", "-c", TAIL, name], env={"TESTBED_METRICS_DIR": str(metrics_dir)},
+            self._proc = fabric.popen(node, ["sh", "-c", TAIL, name], env={rankenv.METRICS_DIR: str(metrics_dir)},
                                       stdout=self._out, stderr=subprocess.DEVNULL)
         except BaseException:
             self._out.close()

@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed import rankenv
 from testbed.fabric.forkserver import Forks
 from testbed.plan.network import NetworkPlan, Node
+from testbed.rankenv import RankEnv
 from testbed.runner.straggler import ShellStraggler, Straggler, start_straggler
 from testbed.spec.topology import Topology
 
@@ -48,7 +50,7 @@ def forked_module(argv: list[str]) -> str | None:
 
 def base_env() -> dict[str, str]:
     """This process's environment without the variables the runner sets per rank."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("TESTBED_", "MASTER_", "RANK", "WORLD_"))}
+    return {k: v for k, v in os.environ.items() if not k.startswith((rankenv.PREFIX, "MASTER_", "RANK", "WORLD_"))}
 
 
 def server_env() -> dict[str, str]:
@@ -64,7 +66,7 @@ def command_env(tokens_per_step: int | None = None) -> dict[str, str]:
     own = os.environ.get("PYTHONPATH")
     env = {"PYTHONPATH": os.pathsep.join([str(AUTOSTEP_SITE), *([own] if own else [])])}
     if tokens_per_step:
-        env["TESTBED_TOKENS_PER_STEP"] = str(tokens_per_step)
+        env.update(RankEnv(tokens_per_step=tokens_per_step).to_env())
     return env
 
 
@@ -113,9 +115,6 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     shared-memory transport between GPUs of one machine, sockets on eth0 (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE,
     NCCL_SOCKET_IFNAME). On real hosts (ssh) a host's ranks share its GPUs and may use them."""
     sizes = [dc.nodes * ranks_per_node for dc in topology.dcs]
-    sized = {"TESTBED_DC_SIZES": ",".join(map(str, sizes))}
-    if len(set(sizes)) == 1:
-        sized["TESTBED_NODES_PER_DC"] = str(sizes[0])
     world = len(plan.nodes) * ranks_per_node
     # below Linux's ephemeral range (32768-60999): a port in it can be taken by a connection's local end
     port = master_port or random.randint(20000, 32000)
@@ -124,15 +123,15 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     for node in plan.nodes:  # plan order: DC by DC, node by node
         for local in range(ranks_per_node):
             rank = len(specs)
+            told = RankEnv(master_addr=plan.nodes[0].address, master_port=port, rank=rank, world_size=world,
+                           local_rank=local, local_world_size=ranks_per_node, group_rank=rank // ranks_per_node,
+                           dc=node.dc_index, num_dcs=len(topology.dcs), dc_sizes=tuple(sizes),
+                           nodes_per_dc=sizes[0] if len(set(sizes)) == 1 else None, node=node.name,
+                           metrics_dir=str(metrics_dir), link_rtt_ms=max(rtts, default=0.0) * 1e3,
+                           gpu_sharers=world if emulated else ranks_per_node, gpu_slot=rank if emulated else local)
             env = {
-                "MASTER_ADDR": plan.nodes[0].address, "MASTER_PORT": str(port), "RANK": str(rank),
-                "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(ranks_per_node),
-                "GROUP_RANK": str(rank // ranks_per_node), "TESTBED_DC": str(node.dc_index),
-                "TESTBED_NUM_DCS": str(len(topology.dcs)), **sized, "TESTBED_NODE": node.name, "TESTBED_METRICS_DIR": str(metrics_dir),
-                "TESTBED_LINK_RTT_MS": f"{max(rtts, default=0.0) * 1e3:.3f}",
+                **told.to_env(),
                 "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                "TESTBED_GPU_SHARERS": str(world if emulated else ranks_per_node),
-                "TESTBED_GPU_SLOT": str(rank if emulated else local),
                 **(EMULATED_NCCL if emulated else {}),
                 **(extra_env or {}),
             }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from testbed.rankenv import RankEnv
 from testbed.steplog import read_records
 
 CHECKPOINT_DIR = "checkpoint"  # under the cell's directory
@@ -17,8 +18,8 @@ def checkpoint_env(cell_dir: Path, restarts: int, every: int, shared: bool = Tru
     directory on each node) every rank keeps its own and they agree on a step (testbed.workload.checkpoint)."""
     if not restarts:
         return {}
-    return {"TESTBED_CHECKPOINT_DIR": str(cell_dir / CHECKPOINT_DIR), "TESTBED_CHECKPOINT_EVERY": str(every),
-            **({} if shared else {"TESTBED_CHECKPOINT_LOCAL": "1"})}
+    return RankEnv(checkpoint_dir=str(cell_dir / CHECKPOINT_DIR), checkpoint_every=every,
+                   checkpoint_local=None if shared else True).to_env()
 
 
 def restart_figures(rank0: Path, deaths: list[dict]) -> list[dict]:

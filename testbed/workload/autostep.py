@@ -32,6 +32,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from testbed import rankenv
+
 OPTIMIZER_MODULE = "torch.optim.optimizer"
 INTERPRETER_NOTE = "testbed: no torch in the interpreter this rank ran: "  # then its path (the runner reads it)
 
@@ -50,7 +52,7 @@ def _steplog() -> Any:
 
 def tokens_per_rank(environ: dict[str, str] | os._Environ = os.environ) -> float | None:
     """$TESTBED_TOKENS_PER_STEP (all ranks together) over $WORLD_SIZE; None when not given."""
-    total = environ.get("TESTBED_TOKENS_PER_STEP")
+    total = environ.get(rankenv.TOKENS_PER_STEP)
     if not total:
         return None
     return float(total) / max(1, int(environ.get("WORLD_SIZE", "1")))

@@ -21,13 +21,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from testbed import rankenv
+
 DEFAULT_SIZES = (4096, 262144, 2097152, 8388608)
 LATE_S = 0.05  # how late the receive of a "late" send/recv is posted
 MAX_MARGIN_S = 0.1  # most time between choosing a common start and the start (see _start_margin)
 
 
 def _records_file(rank: int) -> Path:
-    directory = Path(os.environ.get("TESTBED_METRICS_DIR", "."))
+    directory = Path(os.environ.get(rankenv.METRICS_DIR, "."))
     directory.mkdir(parents=True, exist_ok=True)
     return directory / f"calib{rank}.jsonl"
 
@@ -98,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     from testbed.workload.layout import layout_from_env
 
     layout = layout_from_env()
-    torch.set_num_threads(max(1, int(os.environ.get("TESTBED_THREADS_PER_RANK", "1"))))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("TESTBED_PG_TIMEOUT", "300"))))
+    torch.set_num_threads(max(1, int(os.environ.get(rankenv.THREADS_PER_RANK, "1"))))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get(rankenv.PG_TIMEOUT, "300"))))
     groups = build_groups(layout, lanes=args.lanes)
     out = open(_records_file(layout.rank), "w", buffering=1)
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from testbed import rankenv
+
 FILE = "checkpoint.pt"
 RANKS = "ranks"
 STEP = re.compile(r"step(\d+)$")
@@ -98,8 +100,8 @@ class Checkpointing:
 
 
 def checkpointing_from_env() -> Checkpointing | None:
-    directory = os.environ.get("TESTBED_CHECKPOINT_DIR")
+    directory = os.environ.get(rankenv.CHECKPOINT_DIR)
     if not directory:
         return None
-    return Checkpointing(Path(directory), int(os.environ.get("TESTBED_CHECKPOINT_EVERY") or 0),
-                         os.environ.get("TESTBED_CHECKPOINT_LOCAL") == "1")
+    return Checkpointing(Path(directory), int(os.environ.get(rankenv.CHECKPOINT_EVERY) or 0),
+                         os.environ.get(rankenv.CHECKPOINT_LOCAL) == "1")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from testbed import rankenv
 from testbed.workload.layout import Layout
 
 
@@ -33,19 +34,19 @@ def backend() -> str:
     two ranks on one device ("Duplicate GPU detected", seen on an H100 with 2 ranks, 2026-11-24). The sharers are
     TESTBED_GPU_SHARERS (the harness: every rank of a testbed emulated on this machine) or LOCAL_WORLD_SIZE
     (torchrun's ranks on this host); TESTBED_DIST_BACKEND=gloo|nccl chooses outright."""
-    chosen = os.environ.get("TESTBED_DIST_BACKEND")
+    chosen = os.environ.get(rankenv.DIST_BACKEND)
     if chosen:
         if chosen not in ("gloo", "nccl"):
-            raise ValueError(f"TESTBED_DIST_BACKEND: gloo or nccl, not {chosen!r}")
+            raise ValueError(f"{rankenv.DIST_BACKEND}: gloo or nccl, not {chosen!r}")
         return chosen
-    sharers = int(os.environ.get("TESTBED_GPU_SHARERS") or os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    sharers = int(os.environ.get(rankenv.GPU_SHARERS) or os.environ.get("LOCAL_WORLD_SIZE") or 1)
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= sharers else "gloo"
 
 
 def gpu_slot(local_rank: int) -> int:
     """Which of this machine's GPUs the rank takes under nccl: its place among the ranks sharing them
     (TESTBED_GPU_SLOT, else its local rank)."""
-    return int(os.environ.get("TESTBED_GPU_SLOT") or local_rank) % max(1, torch.cuda.device_count())
+    return int(os.environ.get(rankenv.GPU_SLOT) or local_rank) % max(1, torch.cuda.device_count())
 
 
 def build_groups(layout: Layout, lanes: int = 1, second_intra: bool = False) -> Groups:

@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 
+from testbed import rankenv
+
 
 class LayoutError(ValueError):
     """The environment does not describe a consistent DC layout; str() is one line."""
@@ -97,24 +99,24 @@ def _int(env: dict[str, str], name: str, default: int | None = None) -> int:
 
 
 def _sizes(env: dict[str, str], world: int) -> tuple[int, ...]:
-    text = env.get("TESTBED_DC_SIZES")
+    text = env.get(rankenv.DC_SIZES)
     if text is None:
-        num_dcs = _int(env, "TESTBED_NUM_DCS", 1)
-        nodes = _int(env, "TESTBED_NODES_PER_DC", max(1, world // max(num_dcs, 1)))
+        num_dcs = _int(env, rankenv.NUM_DCS, 1)
+        nodes = _int(env, rankenv.NODES_PER_DC, max(1, world // max(num_dcs, 1)))
         if num_dcs < 1 or nodes < 1 or num_dcs * nodes != world:
-            raise LayoutError(f"TESTBED_NUM_DCS={num_dcs} x TESTBED_NODES_PER_DC={nodes} does not match "
+            raise LayoutError(f"{rankenv.NUM_DCS}={num_dcs} x {rankenv.NODES_PER_DC}={nodes} does not match "
                               f"WORLD_SIZE={world}")
         return (nodes,) * num_dcs
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise LayoutError(f"TESTBED_DC_SIZES={text!r}: expected comma-separated rank counts, e.g. 2,1,2") from None
+        raise LayoutError(f"{rankenv.DC_SIZES}={text!r}: expected comma-separated rank counts, e.g. 2,1,2") from None
     if not sizes or min(sizes) < 1 or sum(sizes) != world:
-        raise LayoutError(f"TESTBED_DC_SIZES={text} does not add up to WORLD_SIZE={world}")
-    if "TESTBED_NUM_DCS" in env and _int(env, "TESTBED_NUM_DCS") != len(sizes):
-        raise LayoutError(f"TESTBED_NUM_DCS={env['TESTBED_NUM_DCS']} but TESTBED_DC_SIZES={text} lists {len(sizes)}")
-    if "TESTBED_NODES_PER_DC" in env and {_int(env, "TESTBED_NODES_PER_DC")} != set(sizes):
-        raise LayoutError(f"TESTBED_NODES_PER_DC={env['TESTBED_NODES_PER_DC']} but TESTBED_DC_SIZES={text}")
+        raise LayoutError(f"{rankenv.DC_SIZES}={text} does not add up to WORLD_SIZE={world}")
+    if rankenv.NUM_DCS in env and _int(env, rankenv.NUM_DCS) != len(sizes):
+        raise LayoutError(f"{rankenv.NUM_DCS}={env[rankenv.NUM_DCS]} but {rankenv.DC_SIZES}={text} lists {len(sizes)}")
+    if rankenv.NODES_PER_DC in env and {_int(env, rankenv.NODES_PER_DC)} != set(sizes):
+        raise LayoutError(f"{rankenv.NODES_PER_DC}={env[rankenv.NODES_PER_DC]} but {rankenv.DC_SIZES}={text}")
     return sizes
 
 
@@ -132,7 +134,7 @@ def layout_from_env(env: dict[str, str] | None = None) -> Layout:
     if not 0 <= rank < world:
         raise LayoutError(f"RANK={rank} is outside WORLD_SIZE={world}")
     where = probe.dc_of(rank)
-    dc = _int(env, "TESTBED_DC", where)
+    dc = _int(env, rankenv.DC, where)
     if dc != where:
-        raise LayoutError(f"TESTBED_DC={dc} but rank {rank} falls in DC {where}: ranks must be numbered DC by DC")
+        raise LayoutError(f"{rankenv.DC}={dc} but rank {rank} falls in DC {where}: ranks must be numbered DC by DC")
     return Layout(rank, world, _int(env, "LOCAL_RANK", 0), dc, sizes)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from testbed.rankenv import RankEnv
 from testbed.workload.options import Options
 
 
@@ -57,15 +58,13 @@ def launch(num_dcs: int, nodes_per_dc: int, runs: list[Options], out: Path, time
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "runs.json"
     spec.write_text(json.dumps([dataclasses.asdict(r) for r in runs]))
-    port = str(free_port())
+    port = free_port()
     procs = []
     for rank in range(world):
-        rank_env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
-                    "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-                    "TESTBED_NUM_DCS": str(len(sizes)), "TESTBED_DC_SIZES": ",".join(map(str, sizes)),
-                    "TESTBED_DC": str(dc_of[rank])}
-        if len(set(sizes)) == 1:
-            rank_env["TESTBED_NODES_PER_DC"] = str(sizes[0])
+        told = RankEnv(master_addr="127.0.0.1", master_port=port, rank=rank, world_size=world, local_rank=rank,
+                       local_world_size=world, num_dcs=len(sizes), dc_sizes=tuple(sizes), dc=dc_of[rank],
+                       nodes_per_dc=sizes[0] if len(set(sizes)) == 1 else None)
+        rank_env = {**os.environ, **(env or {}), **told.to_env()}
         procs.append(spawn("testbed.workload.local", [str(spec)], rank_env, out / f"rank{rank}.log"))
     failed = None
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from testbed import rankenv
 from testbed.spec.strategies import OVERLAP
 from testbed.workload import data
 from testbed.workload.checkpoint import checkpointing_from_env
@@ -39,8 +40,8 @@ def parameter_count(cfg) -> int:
 def train(opts: Options) -> list[dict]:
     """Initialise torch.distributed from the environment, train, tear down; returns the step records."""
     layout = layout_from_env()
-    torch.set_num_threads(max(1, int(os.environ.get("TESTBED_THREADS_PER_RANK", "1"))))
-    dist.init_process_group(backend(), timeout=timedelta(seconds=float(os.environ.get("TESTBED_PG_TIMEOUT", "300"))))
+    torch.set_num_threads(max(1, int(os.environ.get(rankenv.THREADS_PER_RANK, "1"))))
+    dist.init_process_group(backend(), timeout=timedelta(seconds=float(os.environ.get(rankenv.PG_TIMEOUT, "300"))))
     try:
         return train_in_group(opts, layout)
     finally:
@@ -76,7 +77,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     if saved is not None:  # a restart: go on after the step the checkpoint was written after
         strategy.restore(saved[1])
         first = saved[0] + 1
-    writer = MetricsWriter(opts.metrics_dir or os.environ.get("TESTBED_METRICS_DIR"), layout.rank)
+    writer = MetricsWriter(opts.metrics_dir or os.environ.get(rankenv.METRICS_DIR), layout.rank)
     writer.write({"event": "start", "rank": layout.rank, "resumed_after_step": None if saved is None else saved[0],
                   "dc": layout.dc, "num_dcs": layout.num_dcs,
                   "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes), "world": layout.world, "strategy": opts.strategy,

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from testbed import rankenv
 from testbed.workload.gradsums import GradientChecksums
 
 GRAD_FACTOR = 10.0  # a gradient norm (or largest element) this many times its recent median is an anomaly
@@ -64,24 +65,24 @@ class Injection:
 
 def injections_from_env(rank: int) -> list[Injection]:
     """This rank's injections from TESTBED_SDC."""
-    items = json.loads(os.environ.get("TESTBED_SDC") or "[]")
+    items = json.loads(os.environ.get(rankenv.SDC) or "[]")
     return [Injection(**item) for item in items if item["rank"] == rank]
 
 
 def checking_from_env() -> bool:
-    return os.environ.get("TESTBED_SDC_CHECK", "0") == "1"
+    return os.environ.get(rankenv.SDC_CHECK, "0") == "1"
 
 
 def buddy_from_env() -> bool:
     """TESTBED_SDC_BUDDY=1: sampled steps are replayed by a buddy rank, not by the rank itself."""
-    return os.environ.get("TESTBED_SDC_BUDDY", "0") == "1"
+    return os.environ.get(rankenv.SDC_BUDDY, "0") == "1"
 
 
 def replay_rate_from_env() -> float:
     """TESTBED_SDC_REPLAY: the share of steps each rank replays unasked (0 to 1; default 0: on anomalies only)."""
-    rate = float(os.environ.get("TESTBED_SDC_REPLAY") or 0.0)
+    rate = float(os.environ.get(rankenv.SDC_REPLAY) or 0.0)
     if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"TESTBED_SDC_REPLAY: a share of steps between 0 and 1, got {rate}")
+        raise ValueError(f"{rankenv.SDC_REPLAY}: a share of steps between 0 and 1, got {rate}")
     return rate
 
 
@@ -149,10 +150,10 @@ def guard_from_env(rank: int, names: list[str], params: list[torch.Tensor],
     rate, buddy = replay_rate_from_env(), buddy_from_env()
     if in_buckets and buddy:
         raise ValueError("sdc: gradients leave bucket by bucket during backward here: no buddy can compare a "
-                         "rank's gradient before it leaves (TESTBED_SDC_BUDDY)")
+                         f"rank's gradient before it leaves ({rankenv.SDC_BUDDY})")
     if buddy and (model is None or not can_recompute_for_others):
         raise ValueError("sdc: a buddy replays another rank's gradient from that rank's samples: not with synthetic "
-                         "compute, nor in a pipeline, whose stages' inputs come from other ranks (TESTBED_SDC_BUDDY)")
+                         f"compute, nor in a pipeline, whose stages' inputs come from other ranks ({rankenv.SDC_BUDDY})")
     sums = GradientChecksums(model) if check and model is not None else None
     group, ranks = replicas()
     return Guard(rank, names, params, group, ranks, injections, check, rate, seed, sums, buddy, samples_together)

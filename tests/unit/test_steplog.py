@@ -18,7 +18,10 @@ def test_the_helper_needs_nothing_but_the_standard_library():
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "json", "os", "time", "pathlib", "typing"}, imported
+    assert imported <= {"__future__", "json", "os", "time", "pathlib", "typing", "testbed"}, imported
+    ours = {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module.startswith("testbed") for alias in node.names}
+    assert ours <= {"testbed.rankenv"}, ours  # itself standard library only: tests/unit/test_rankenv.py
 
 
 def test_without_a_metrics_directory_it_writes_nothing(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed import rankenv
 from testbed.agents import forkserver
 from testbed.agents.router import CONTROL_SCRIPT, ROUTER_STATE, RouterState
 from testbed.agents.tc import LinkCounters
@@ -281,13 +282,13 @@ class DockerFabric(Fabric):
         own) and the directories to create there first."""
         env = pass_env(env)
         mkdirs: tuple[str, ...] = ()
-        if "TESTBED_METRICS_DIR" in env:
-            local = env["TESTBED_METRICS_DIR"]
-            env["TESTBED_METRICS_DIR"] = self._remote_dir(local)
-            mkdirs = (env["TESTBED_METRICS_DIR"],)
+        if rankenv.METRICS_DIR in env:
+            local = env[rankenv.METRICS_DIR]
+            env[rankenv.METRICS_DIR] = self._remote_dir(local)
+            mkdirs = (env[rankenv.METRICS_DIR],)
             self._outputs.setdefault(local, set()).add(node)
-        if "TESTBED_CHECKPOINT_DIR" in env:  # the container's own copy (restarts find it there; not fetched)
-            env["TESTBED_CHECKPOINT_DIR"] = self._remote_dir(env["TESTBED_CHECKPOINT_DIR"])
+        if rankenv.CHECKPOINT_DIR in env:  # the container's own copy (restarts find it there; not fetched)
+            env[rankenv.CHECKPOINT_DIR] = self._remote_dir(env[rankenv.CHECKPOINT_DIR])
         return env, mkdirs
 
     def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> NodeForkServers:

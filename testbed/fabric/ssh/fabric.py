@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed import rankenv
 from testbed.agents import forkserver
 from testbed.agents.delayline.control import fresh_stats
 from testbed.agents.delayline.files import MODULE as DELAY_LINE_MODULE
@@ -374,13 +375,13 @@ class SshFabric(Fabric):
             env["GLOO_SOCKET_IFNAME"] = item.host.interface
         run = f"{item.workdir}/run"
         mkdirs = [run]
-        if "TESTBED_METRICS_DIR" in env:
-            local = env["TESTBED_METRICS_DIR"]
-            env["TESTBED_METRICS_DIR"] = self._remote_dir(item, local)
-            mkdirs.append(env["TESTBED_METRICS_DIR"])
+        if rankenv.METRICS_DIR in env:
+            local = env[rankenv.METRICS_DIR]
+            env[rankenv.METRICS_DIR] = self._remote_dir(item, local)
+            mkdirs.append(env[rankenv.METRICS_DIR])
             self._outputs.setdefault(local, set()).add(item.host.name)
-        if "TESTBED_CHECKPOINT_DIR" in env:  # the host's own copy (restarts find it there; not fetched)
-            env["TESTBED_CHECKPOINT_DIR"] = self._remote_dir(item, env["TESTBED_CHECKPOINT_DIR"])
+        if rankenv.CHECKPOINT_DIR in env:  # the host's own copy (restarts find it there; not fetched)
+            env[rankenv.CHECKPOINT_DIR] = self._remote_dir(item, env[rankenv.CHECKPOINT_DIR])
         return env, run, tuple(mkdirs)
 
     def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> NodeForkServers:

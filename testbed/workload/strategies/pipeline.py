@@ -29,6 +29,7 @@ import time
 import torch
 from torch import nn
 
+from testbed import rankenv
 from testbed.spec.schedules import overlap_lookahead, schedule_ops
 from testbed.workload.compute import BACKWARD_SHARE, sleep_until
 from testbed.workload.model import GPT, loss_fn, split_points
@@ -95,7 +96,7 @@ class Pipeline(Strategy):
     def _lookahead(self) -> int:
         """Extra warm-up micro-batches for `overlap`: enough to cover one cross-DC round trip."""
         opts = self.ctx.opts
-        rtt = float(os.environ.get("TESTBED_LINK_RTT_MS", "0")) / 1e3 or 2 * opts.inject_delay_ms / 1e3
+        rtt = float(os.environ.get(rankenv.LINK_RTT_MS, "0")) / 1e3 or 2 * opts.inject_delay_ms / 1e3
         return overlap_lookahead(opts.lookahead, rtt, (self.ctx.synthetic_s or 0.0) / self.p, self.p, self.m)
 
     def sample_ranges(self) -> list[tuple[int, int]]:
