@@ -9,4 +9,7 @@ IMAGE = "TESTBED_IMAGE"  # the docker backend's image
 OWNERS_DIR = "TESTBED_OWNERS_DIR"  # where the lock files of who holds a testbed live (testbed.fabric.ownership)
 NEIGH_RECORD = "TESTBED_NEIGH_RECORD"  # where `up` records the ARP table limit it raised
 ROUTER = "TESTBED_ROUTER"  # a DC router's configuration, RouterConfig as JSON (testbed.agents.router)
-
+DELAY_LINE_RT = "TESTBED_DELAY_LINE_RT"  # 0: the delay line's worker runs without SCHED_FIFO (testbed.agents.delayline)
+DELAY_LINE_COMPENSATE = "TESTBED_DELAY_LINE_COMPENSATE"  # 0: the delay line does not take its own path back
+DELAY_LINE_BATCH = "TESTBED_DELAY_LINE_BATCH"  # 0: the delay line watches its queue all the time
+PROBE_RT = "TESTBED_PROBE_RT"  # 0: the probe agent's pinger runs without SCHED_FIFO (testbed.agents.probe)

@@ -24,11 +24,12 @@ import sys
 import threading
 import time
 
+from testbed import settings
 from testbed.agents.realtime import fifo
 
 PING = struct.Struct("!QQ")  # sequence, send time in ns
 CHUNK = 256 * 1024
-RT_ENV, RT_PRIORITY = "TESTBED_PROBE_RT", 5  # the delay line's worker runs at 10: it must not wait for a probe
+RT_ENV, RT_PRIORITY = settings.PROBE_RT, 5  # the delay line's worker runs at 10: it must not wait for a probe
 
 
 def realtime() -> str:

@@ -24,11 +24,6 @@ from ..conftest import ROOT
 NAMING = {"testbed/rankenv.py", "testbed/settings.py"}
 # modules that still spell a TESTBED_ name, and why; the test fails when one stops (so the list stays true)
 EXCEPTIONS = {
-    # the delay line's and the probe's switches: these agents were being reworked when the names moved (next:
-    # testbed.settings, which agents may import)
-    "testbed/agents/delayline/worker.py": {"TESTBED_DELAY_LINE_RT", "TESTBED_DELAY_LINE_COMPENSATE",
-                                          "TESTBED_DELAY_LINE_BATCH"},
-    "testbed/agents/probe.py": {"TESTBED_PROBE_RT"},
     # an option's help text: spec imports nothing of testbed, testbed.rankenv included
     "testbed/spec/strategies.py": {"TESTBED_METRICS_DIR"},
 }

@@ -25,6 +25,7 @@ import signal
 import statistics
 import time
 
+from testbed import settings
 from testbed.agents.delayline.files import DelayLineFiles
 from testbed.agents.delayline.nfqueue import NF_DROP, QueueSocket
 from testbed.agents.delayline.release import Direction
@@ -36,10 +37,10 @@ EARLY_WAKE = 40e-6  # wake this much before the head is due
 RELEASE_SLACK = 20e-6  # release what is due within this much
 MAX_SLEEP = 0.002
 KERNEL_LACKS = 3  # the worker's exit status when the kernel has no nfnetlink_queue (it printed why)
-RT_ENV, RT_PRIORITY = "TESTBED_DELAY_LINE_RT", 10
+RT_ENV, RT_PRIORITY = settings.DELAY_LINE_RT, 10
 STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
-COMPENSATE_ENV = "TESTBED_DELAY_LINE_COMPENSATE"
-BATCH_ENV = "TESTBED_DELAY_LINE_BATCH"
+COMPENSATE_ENV = settings.DELAY_LINE_COMPENSATE
+BATCH_ENV = settings.DELAY_LINE_BATCH
 UNWATCHED_MARGIN = 200e-6  # an unwatched sleep ends at least this long before a new arrival could be due
 STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, and how far ahead each aims
 
