@@ -306,9 +306,10 @@ def host_realtime(timeout: float = 5.0) -> Iterator[bool]:
     Why: each netem hop of a path waits on a timer, and each expiry needs the host to wake UML's process; beside
     busy host processes an ordinary wake-up waits for a CPU, so the excess grows with the hops of the path. Measured
     with tests/uml/hops.py (ping over a chain of namespaces, netem 5 ms a hop each way, 200 pings, medians beyond
-    2 H x 5 ms, with two `python3 -c 'while True: pass'` beside, 2-core host, other helpers' tests running, load
-    3-5; 2026-11-28): 1/2/3 hops 0.04/0.23/1.21 ms, p90 11.3/23.9/35.9 ms; nice -15: 0.11/0.21/1.21 ms, p90
-    15.0/20.5/36.3; SCHED_RR: 0.00/0.19/0.20 ms, p90 10.2/20.4/30.4. Quiet: 0.03/0.10/0.40 ms.
+    2 H x 5 ms; 2-core host, other sessions' tests running, 2026-11-28), 1/2/3 hops: two `python3 -c 'while True:
+    pass'` beside (load 3): 0.04/0.23/1.21 ms, p90 11.3/23.9/35.9 ms; three beside (load 5): nice -15
+    0.11/0.21/1.21 ms, p90 15.0/20.5/36.3; SCHED_RR 0.00/0.19/0.20 ms, p90 10.2/20.4/30.4. None beside (load 2):
+    0.03/0.10/0.40 ms, p90 10.2/20.4/33.0.
     Outside UML, or with $TESTBED_UML_RT=0, nothing is asked."""
     lab = os.environ.get(LAB_ENV)
     if not lab or not inside() or os.environ.get(REALTIME_ENV) == "0":
