@@ -9,9 +9,9 @@ same boot just before (route_round_trips_ms: the route's netem qdiscs held at 0 
 host runs UML's processes real-time (harness.host_realtime): each netem hop's timer needs the host to wake UML,
 and beside busy host processes those wake-ups came late, more so the more hops a path has (figures in
 host_realtime's docstring; the issue's failures: 1.82 ms beyond 20 ms on one hop, 5.27 ms beyond 50 ms, against
-UML's own unshaped round trip inside one DC). With five `python3 -c 'while True: pass'` beside on this 2-core host
+UML's own unshaped round trip inside one DC). With 3-5 `python3 -c 'while True: pass'` beside on this 2-core host
 and other sessions' tests running (load 5-12, 2026-11-28), p50 minus own route minus configured, per probe pair
-and for the live-shaped 50 ms: real-time, seven runs, -0.38..+0.24 ms and -0.16..+0.24 ms; without it
+and for the live-shaped 50 ms: real-time, eight runs, -0.38..+0.24 ms and -0.16..+0.24 ms; without it
 (TESTBED_UML_RT=0, one run), up to +1.10 ms (west->east) and +1.22 ms. UML's own round trips on the routes:
 0.30-0.87 ms. Goodput is not helped as much: one of those runs measured east->north 18 % under its rate (bound 10 %).
 """
