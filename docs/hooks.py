@@ -25,8 +25,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "gallery" / "results"  # measured results kept by hand, one per gallery page (optional)
 
-# What each TESTBED_* variable the code reads is for; tests/unit/test_docs.py fails when the code reads one that
-# is not here, so the environment page lists every one.
+# What each TESTBED_* variable the code reads is for, in a user's words; a variable not here takes the comment
+# testbed/settings.py or testbed/rankenv.py gives it, and tests/unit/test_docs.py fails on one that has neither.
 ENVIRONMENT: dict[str, tuple[str, str]] = {
     # name: (who sets it, what it does)
     "TESTBED_PREFIX": ("user", "name prefix of every namespace, interface, container and network (`--prefix`; "
@@ -78,6 +78,18 @@ def code_environment() -> set[str]:
     for path in (ROOT / "testbed").rglob("*.py"):
         names.update(re.findall(r"\bTESTBED_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
     return names
+
+
+def named_in_code() -> dict[str, tuple[str, str]]:
+    """The variables testbed.settings (what testbed reads from its own environment) and testbed.rankenv (what a
+    rank is told) name, with the comment the code gives each: {name: (who, comment)}."""
+    out = {}
+    for module, who in (("settings.py", "user"), ("rankenv.py", "harness")):
+        path = ROOT / "testbed" / module
+        if path.exists():
+            for match in re.finditer(r'^\w+ = "(TESTBED_[A-Z0-9_]+)"[ \t]*(?:#[ \t]*(.*))?$', path.read_text(), re.M):
+                out[match.group(1)] = (who, (match.group(2) or "").strip())
+    return out
 
 
 def _cell(text: Any) -> str:
@@ -294,9 +306,11 @@ def environment_page() -> str:
              "Every `TESTBED_*` variable the code reads (the list is taken from the code; a test keeps the "
              "descriptions complete). *user*: you may set it; *harness*: the harness sets it for every rank, and "
              "a script of your own gets it too.", "", "| variable | set by | meaning |", "|---|---|---|"]
+    named = named_in_code()
     for name in sorted(code_environment()):
         who, what = ENVIRONMENT.get(name, ("", ""))
-        lines.append(f"| `{name}` | {who} | {_cell(what)} |")
+        code_who, comment = named.get(name, ("", ""))
+        lines.append(f"| `{name}` | {who or code_who} | {_cell(what or comment)} |")
     lines += ["", "Besides these, every rank gets torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, "
               "`LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`, and under an emulated testbed NCCL is kept on "
               "sockets over the shaped links (`NCCL_P2P_DISABLE`, `NCCL_SHM_DISABLE`, `NCCL_IB_DISABLE`, "

@@ -36,8 +36,9 @@ def test_every_command_and_option_is_in_the_reference():
 
 def test_every_environment_variable_the_code_reads_is_described():
     hooks = _hooks()
-    undescribed = sorted(hooks.code_environment() - set(hooks.ENVIRONMENT))
-    assert not undescribed, f"describe these in docs/hooks.py ENVIRONMENT: {undescribed}"
+    commented = {name for name, (_, comment) in hooks.named_in_code().items() if comment}
+    undescribed = sorted(hooks.code_environment() - set(hooks.ENVIRONMENT) - commented)
+    assert not undescribed, f"give these a comment in testbed/settings.py or testbed/rankenv.py: {undescribed}"
     page = hooks.environment_page()
     assert all(f"| `{name}` |" in page for name in hooks.code_environment())
 
