@@ -60,6 +60,10 @@ def test_what_the_guest_asks_the_host_runs_real_time_and_back(tmp_path):
     process naming the lab (here a sleeper standing in for UML's kernel)."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"uml_dir={tmp_path}"])
     try:
+        # until the child has exec'd, /proc shows the parent's command line and the host finds nothing to answer for
+        deadline = time.monotonic() + 30
+        while reaper.processes_of(tmp_path) != [sleeper.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert harness._answer_realtime(tmp_path, False) is False  # nothing asked: nothing changes
         assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
         (tmp_path / harness.REALTIME_ASKED).write_text("1\n")
