@@ -376,8 +376,13 @@ class DockerFabric(Fabric):
         return out
 
     def delay_line_stats(self) -> dict[str, dict]:
+        """What each running router's delay lines say of themselves; a router that is not running (its delay line
+        died: dead_delay_lines() names it) has nothing to say."""
         out: dict[str, dict] = {}
+        dead = set(self.dead_delay_lines())
         for dc in self.topology.dcs:
+            if f"{dc.name}-gw" in dead:
+                continue
             out.update(json.loads(self._router_exec(dc.name, [*ROUTER_COMMAND, "lateness"],
                                                     "reading the delay line's figures")))
         return out
