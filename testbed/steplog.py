@@ -37,11 +37,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from testbed import rankenv
+try:
+    from testbed import rankenv
+except ImportError:  # loaded by its path (testbed.workload.autostep, a script's copy): rankenv is stdlib only too
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("_testbed_rankenv", Path(__file__).resolve().parent / "rankenv.py")
+    assert _spec is not None and _spec.loader is not None
+    rankenv = sys.modules["_testbed_rankenv"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+    _spec.loader.exec_module(rankenv)
 
 __all__ = ["StepLog"]
 

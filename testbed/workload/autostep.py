@@ -32,7 +32,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from testbed import rankenv
+try:
+    from testbed import rankenv
+except ImportError:  # loaded by its path into a rank's interpreter that has no testbed: rankenv is stdlib only too
+    _spec = importlib.util.spec_from_file_location("_testbed_rankenv", Path(__file__).resolve().parents[1] / "rankenv.py")
+    assert _spec is not None and _spec.loader is not None
+    rankenv = sys.modules["_testbed_rankenv"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+    _spec.loader.exec_module(rankenv)
 
 OPTIMIZER_MODULE = "torch.optim.optimizer"
 INTERPRETER_NOTE = "testbed: no torch in the interpreter this rank ran: "  # then its path (the runner reads it)
