@@ -84,6 +84,21 @@ def test_it_aims_early_by_its_measured_path_and_the_residual_comes_to_zero():
     assert residual["p50_ms"] == pytest.approx(0.0) and residual["packets"] == 200
 
 
+def test_what_the_verdict_call_carries_on_is_not_taken_back():
+    """The verdict call re-injects the packet and carries it on through the peer's stack, which the unshaped path
+    does too: only the worker's lateness from its aim to the verdict (here 60 us) is compensated, never the call's
+    100 us, so no packet leaves before its due time plus what the unshaped path takes."""
+    line = Direction(0, 0.003, 0.0, 0.0, random.Random(1))
+    for packet in range(200):
+        arrival = packet * 0.005
+        line.admit(packet, arrival, seen=arrival + 20e-6)
+        aim = line.next_due()
+        assert line.release(aim + 60e-6) == packet
+        line.settle(aim + 60e-6, aim + 160e-6)
+    assert line.compensation == pytest.approx(60e-6)
+    assert lateness_summary(line.late)["p50_ms"] >= 0.0  # never early
+
+
 def test_packets_it_could_not_wait_for_do_not_move_the_compensation():
     """A 0 ms link: every packet is due before the worker sees it; sampling those would push the aim ever earlier."""
     line = Direction(0, 0.0, 0.0, 0.0, random.Random(1))

@@ -5,10 +5,11 @@ ahead of it (FIFO: no reordering, like netem with a rate); loss drops each one i
 
 The delay line's own path (waking up for a packet, the verdict, the kernel's re-injection) takes time that the
 link does not ask for. Each direction measures it as it runs: for packets it could wait for, how long after the
-moment it aimed at each one its verdict came back (the kernel re-injects the packet inside that call; the call also
-carries the packet on through whatever the kernel does next at once, which the unshaped path does too: this errs
-early, by 0-0.05 ms a round trip measured here on a busy machine). It aims that much (the median, `compensation`)
-before each packet's due time, so that the packet leaves when due. A packet whose due time has passed by the time
+moment it aimed at each one its verdict went out (its wake-up and its own work). It aims that much (the median,
+`compensation`) before each packet's due time, so that the packet leaves when due. The verdict call itself is not
+taken back: the kernel re-injects the packet inside it and carries it on through whatever it does next at once
+(the peer's veth, a bridge, the receiver's stack), which the unshaped path does too; taking that back released
+packets early (a docker ping of a 10 ms link came back in 19.69 ms for 20 configured). A packet whose due time has passed by the time
 the worker sees it (a delay below `least`: the worker's own reaction) cannot be compensated and leaves as soon as
 it can. Each release records its residual, when its verdict is back (sent + the call's running time) against its
 due time (negative: early), in a histogram of LATE_BUCKET-wide buckets (`late`). A direction with nothing to do
@@ -95,15 +96,15 @@ class Direction:
 
     def settle(self, sent: float, done: float) -> None:
         """The verdict of what release() last returned was sent at `sent` and came back at `done` (the kernel has
-        re-injected the packets by then): if the worker waited for the newest of them, sample the path, done - its
-        aim."""
+        re-injected the packets by then): if the worker waited for the newest of them, sample the path, sent - its
+        aim (what the call carries on is the unshaped path's too: see the module's docstring)."""
         self.verdict += VERDICT_WEIGHT * ((done - sent) - self.verdict)
         if self._aimed is None:
             return
         aim, waited = self._aimed
         self._aimed = None
-        if waited and done - aim < MAX_COMPENSATION:
-            self._sample(done - aim)
+        if waited and sent - aim < MAX_COMPENSATION:
+            self._sample(sent - aim)
 
     def _sample(self, path: float) -> None:
         self.path.append(path)
