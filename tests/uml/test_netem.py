@@ -172,14 +172,20 @@ def test_auto_picks_netem_and_status_names_it_on_every_inter_dc_end(three_dc):
 
 def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three_dc):
     """Each pair's RTT p50 net of UML's own round trip on that route (1 netem hop each way east-west and
-    west-north, 2 east-north), measured in this boot: see the module's docstring."""
+    west-north, 2 east-north), measured in this boot: see the module's docstring. The round trips are measured with
+    the host running UML real-time, the flows without: SCHED_RR shares a CPU among UML's processes in 100 ms
+    quanta, which stalls a TCP flow (east->north's goodput read 18 % under its rate on a quiet host, load 1.1)."""
     prefix = three_dc.prefix
     expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
     with host_realtime() as realtime:
         own = route_round_trips_ms(prefix, list(expected_rtt))
-        proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "3s", timeout=600)
+        proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "0", timeout=600)
     assert proc.returncode == 0, proc.stderr
-    pairs = {(p["src"], p["dst"]): p for p in json.loads(proc.stdout)["pairs"]}
+    flows = run_cli("probe", "--json", "--pings", "5", "--seconds", "3s", timeout=600)
+    assert flows.returncode == 0, flows.stderr
+    goodput = {(p["src"], p["dst"]): p["goodput_error"] for p in json.loads(flows.stdout)["pairs"]}
+    pairs = {(p["src"], p["dst"]): {**p, "goodput_error": goodput[(p["src"], p["dst"])]}
+             for p in json.loads(proc.stdout)["pairs"]}
     assert len(pairs) == 6 and all(0 <= ms < 5 for ms in own.values()), own
     expected_rate = {("east", "west"): 200, ("west", "east"): 200, ("west", "north"): 100,
                      ("north", "west"): 50, ("east", "north"): 100, ("north", "east"): 50}
