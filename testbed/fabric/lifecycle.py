@@ -153,22 +153,29 @@ def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_
     refusal = chosen.host_refusal(topology)
     if refusal:
         raise FabricError(f"{source}: {refusal}")
+    held = ownership.holds(prefix)
     ownership.claim(prefix, "another testbed does not come up under its prefix")  # held until tear_down
-    resolved = chosen.resolve_shaper(shaper, topology, on_progress)
-    plan = plan_of(chosen, topology, resolved, prefix, source)
-    if chosen.stale(prefix, state_store.load(prefix)):
-        if on_progress:
-            on_progress(f"removing a previous testbed ({prefix}*) whose owner is gone")
-        _remove(prefix)
-    state = state_store.FabricState(chosen.name, prefix, resolved, topology.model_dump(mode="json", exclude_unset=False),
-                                    str(topology_file) if topology_file else None, backend_state=chosen.new_state())
-    state_store.save(state)  # first, so `clean` and a later `up` know about a half-built testbed
-    fabric = chosen.make_fabric(prefix, topology, on_progress)
     try:
-        fabric.up(plan, state)
+        resolved = chosen.resolve_shaper(shaper, topology, on_progress)
+        plan = plan_of(chosen, topology, resolved, prefix, source)
+        if chosen.stale(prefix, state_store.load(prefix)):
+            if on_progress:
+                on_progress(f"removing a previous testbed ({prefix}*) whose owner is gone")
+            _remove(prefix)
+        state = state_store.FabricState(chosen.name, prefix, resolved,
+                                        topology.model_dump(mode="json", exclude_unset=False),
+                                        str(topology_file) if topology_file else None, backend_state=chosen.new_state())
+        state_store.save(state)  # first, so `clean` and a later `up` know about a half-built testbed
+        fabric = chosen.make_fabric(prefix, topology, on_progress)
+        try:
+            fabric.up(plan, state)
+        except BaseException:
+            if not state.backend_state.holds_changes():
+                state_store.remove(prefix)
+            raise
     except BaseException:
-        if not state.backend_state.holds_changes():
-            state_store.remove(prefix)
+        if not held and state_store.load(prefix) is None:  # nothing of it is left to clean: nor is its lock file
+            ownership.release(prefix)
         raise
     assert fabric.plan is not None
     return Testbed(topology, fabric.plan, fabric, state)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from testbed import settings
 from testbed.fabric import lifecycle, registry
 from testbed.fabric import state as state_store
 from testbed.fabric.errors import NotSupported
@@ -31,6 +32,8 @@ BASE = LinkParams(latency=0.005, bandwidth=1e9)
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch, state_dir):
     monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.fabric.fake_backend:FakeBackend"})
+    # the fake testbeds are brought up and never torn down: their lock files stay beside their state, not the host's
+    monkeypatch.setenv(settings.OWNERS_DIR, str(state_dir.parent / "owners"))
     LOG.clear()
 
 

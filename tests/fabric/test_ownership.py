@@ -179,3 +179,18 @@ def test_the_command_reads_as_typed():
     assert ownership.command_line(["/x/.venv/bin/testbed", "run", "e.yaml"]) == "testbed run e.yaml"
     assert ownership.command_line(["/x/testbed/cli/__main__.py", "up", "t.yaml"]) == "testbed up t.yaml"
     assert ownership.command_line(["/usr/bin/pytest", "-q"]) == "pytest -q"
+
+
+def test_a_bring_up_that_fails_with_nothing_left_leaves_no_lock_file():
+    """`up` that fails (a host check, a refused shaper) before anything stays to clean: neither its state nor its
+    lock file stays; one that left a change to undo keeps both for `clean`."""
+    from .fake_backend import FakeBackend, FakeOptions
+
+    with pytest.raises(Exception, match="injected failure"):
+        lifecycle.bring_up(TOPOLOGY, prefix="tbo-", backend=FakeBackend(FakeOptions(fail="up")))
+    assert not ownership.holds("tbo-") and not ownership.lock_path("tbo-").exists()
+    with pytest.raises(Exception, match="injected failure"):
+        lifecycle.bring_up(TOPOLOGY, prefix="tbo-", backend=FakeBackend(FakeOptions(fail="up-leaving")))
+    assert state_store.load("tbo-") is not None and ownership.lock_path("tbo-").exists()
+    lifecycle.tear_down("tbo-")
+    assert not ownership.lock_path("tbo-").exists()
