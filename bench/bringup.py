@@ -12,17 +12,16 @@ import time
 
 import pandas as pd
 
-from testbed.fabric.docker.engine import clean as clean_containers
-from testbed.fabric.lifecycle import bring_up, make_backend, tear_down
+from testbed import api
+from testbed.fabric.docker.engine import clean as clean_containers  # what is left, checked: not a use case
 from testbed.fabric.netns.namespaces import list_namespaces
-from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-bench-"
 
 
 def chain(dcs: int, nodes: int):
     names = [f"dc{i}" for i in range(dcs)]
-    return topology_from_data({
+    return api.load_topology({
         "name": f"{dcs}x{nodes}",
         "dcs": [{"name": n, "nodes": nodes} for n in names],
         "links": [{"between": [a, b], "latency": "5ms", "bandwidth": "1gbit"} for a, b in itertools.pairwise(names)],
@@ -35,17 +34,17 @@ def main() -> None:
     parser.add_argument("--backend", choices=("netns", "docker"), default="netns")
     parser.add_argument("--image", help="with --backend docker (default: env TESTBED_IMAGE or testbed:latest)")
     args = parser.parse_args()
-    backend = make_backend(args.backend, **({"image": args.image} if args.image else {}))
+    backend = api.backend(args.backend, **({"image": args.image} if args.image else {}))
     rows = []
     for dcs, nodes in ((1, 2), (2, 4), (4, 8)):
         topology = chain(dcs, nodes)
         ups, downs = [], []
         for _ in range(args.reps):
             start = time.perf_counter()
-            bring_up(topology, prefix=PREFIX, backend=backend)
+            api.up(topology, prefix=PREFIX, backend=backend)
             ups.append(time.perf_counter() - start)
             start = time.perf_counter()
-            tear_down(PREFIX)
+            api.down(prefix=PREFIX)
             downs.append(time.perf_counter() - start)
             assert not list_namespaces(PREFIX) and not clean_containers(PREFIX)
         objects = dcs * (nodes + 2) if args.backend == "netns" else dcs * (nodes + 1)
@@ -60,4 +59,4 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        tear_down(PREFIX)
+        api.down(prefix=PREFIX)

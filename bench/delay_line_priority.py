@@ -20,19 +20,21 @@ import os
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from testbed.agents.delayline.release import lateness_delta, lateness_summary
-from testbed.agents.delayline.worker import RT_ENV
-from testbed.agents.probe import RT_ENV as PROBE_RT_ENV
-from testbed.fabric.lifecycle import bring_up, tear_down
-from testbed.fabric.state import state_dir
-from testbed.spec.topology import topology_from_data
+from testbed import api
+from testbed.agents.delayline.release import lateness_delta, lateness_summary  # the delay line's own figures
+from testbed.fabric.state import state_dir  # where the delay line writes: the disk hog writes beside it
+
+if TYPE_CHECKING:
+    from testbed.api.types import Testbed
 
 PREFIX = "tb-prio-"
 PORT = 5201
-PARTS = {"delay-line": RT_ENV, "probe": PROBE_RT_ENV}  # the part under test: its scheduling switch
+# the part under test: its scheduling switch
+PARTS = {"delay-line": api.settings.DELAY_LINE_RT, "probe": api.settings.PROBE_RT}
 DISK_HOG = "tb-prio-disk-"  # the disk hog's files, in the state directory's parent (removed after)
 HOGS = {"python": "while True: pass",
         "disk": f"import os, sys\npath = os.path.join(sys.argv[1], '{DISK_HOG}' + str(os.getpid()))\n"
@@ -45,14 +47,8 @@ def agent(*args: str) -> list[str]:
     return [sys.executable, "-m", "testbed.agents.probe", *args]
 
 
-def one(part: str, mode: str, busy: int, hog: str, seconds: float) -> dict:
-    for name, switch in PARTS.items():
-        os.environ[switch] = "0" if name == part and mode == "other" else "1"
-    topology = topology_from_data({"name": "prio", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                                   "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "1gbit"}]})
-    disk = state_dir().parent  # the delay line's files are in state_dir()
-    hogs = [subprocess.Popen([sys.executable, "-c", HOGS[hog], str(disk)]) for _ in range(busy)]
-    testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay")
+def measure(testbed: Testbed, seconds: float) -> tuple[dict, dict, dict]:
+    """The delay line's figures before and after, and the pings' answer, over a paced flow of `seconds`."""
     dst = testbed.plan.node("west-0").address
     server = testbed.fabric.popen("west-0", agent("serve", "--port", str(PORT)), stdout=subprocess.PIPE, text=True)
     try:
@@ -64,18 +60,30 @@ def one(part: str, mode: str, busy: int, hog: str, seconds: float) -> dict:
                                                      str(int(seconds / 0.01)), "--interval", "0.01"),
                                      stdout=subprocess.PIPE, text=True)
         ping = json.loads(pings.communicate(timeout=seconds + 60)[0])
-        rtts = ping["rtts"]
         flow.communicate(timeout=seconds + 60)
-        after = testbed.fabric.delay_line_stats()
+        return testbed.fabric.delay_line_stats(), before, ping
     finally:
         server.kill()
         server.wait()
+
+
+def one(part: str, mode: str, busy: int, hog: str, seconds: float) -> dict:
+    for name, switch in PARTS.items():
+        os.environ[switch] = "0" if name == part and mode == "other" else "1"
+    topology = {"name": "prio", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "1gbit"}]}
+    disk = state_dir().parent  # the delay line's files are in state_dir()
+    hogs = [subprocess.Popen([sys.executable, "-c", HOGS[hog], str(disk)]) for _ in range(busy)]
+    try:
+        with api.testbed(topology, prefix=PREFIX, shaper="userspace-delay") as testbed:
+            after, before, ping = measure(testbed, seconds)
+    finally:
         for process in hogs:
             process.kill()
             process.wait()
         for path in disk.glob(f"{DISK_HOG}*"):
             path.unlink()
-        tear_down(PREFIX)
+    rtts = ping["rtts"]
     scheduling = after["east->west"].get("scheduling", "?") if part == "delay-line" else ping.get("scheduling", "?")
     row = {"busy processes": busy, "scheduling": scheduling}
     for key in ("east->west", "west->east"):
@@ -111,7 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        tear_down(PREFIX)
+    main()  # each testbed is torn down as its `with` ends

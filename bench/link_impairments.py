@@ -16,17 +16,15 @@ import sys
 
 import pandas as pd
 
-from testbed.fabric.lifecycle import bring_up, tear_down
-from testbed.spec.topology import topology_from_data
+from testbed import api
 
 PREFIX = "tb-imp-"
 
 
 def pings(link: dict, count: int, interval: float) -> dict:
-    topology = topology_from_data({"name": "impair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                                   "links": [{"between": ["east", "west"], **link}]})
-    testbed = bring_up(topology, prefix=PREFIX)
-    try:
+    topology = {"name": "impair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                "links": [{"between": ["east", "west"], **link}]}
+    with api.testbed(topology, prefix=PREFIX) as testbed:
         dst = testbed.plan.node("west-0").address
         server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.agents.probe", "serve"],
                                       stdout=subprocess.PIPE, text=True)
@@ -37,17 +35,13 @@ def pings(link: dict, count: int, interval: float) -> dict:
         server.kill()
         server.wait()
         return result
-    finally:
-        tear_down(PREFIX)
 
 
 def throughput_cap(loss: str) -> float:
     """Goodput of one TCP flow over an unshaped 5 ms link: what the delay line itself can carry."""
-    topology = topology_from_data({"name": "cap", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                                   "links": [{"between": ["east", "west"], "latency": "5ms", "loss": loss,
-                                              "reverse": {"loss": "0%"}}]})
-    testbed = bring_up(topology, prefix=PREFIX)
-    try:
+    topology = {"name": "cap", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                "links": [{"between": ["east", "west"], "latency": "5ms", "loss": loss, "reverse": {"loss": "0%"}}]}
+    with api.testbed(topology, prefix=PREFIX) as testbed:
         dst = testbed.plan.node("west-0").address
         server = testbed.fabric.popen("west-0", [sys.executable, "-m", "testbed.agents.probe", "serve", "--warmup", "1"],
                                       stdout=subprocess.PIPE, text=True)
@@ -58,8 +52,6 @@ def throughput_cap(loss: str) -> float:
         server.kill()
         server.wait()
         return result["goodput_bps"]
-    finally:
-        tear_down(PREFIX)
 
 
 def main() -> None:
@@ -88,7 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        tear_down(PREFIX)
+    main()  # each testbed is torn down as its `with` ends

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.fabric import cancel
-from testbed.runner.experiment import run_experiment
+from testbed import api
 
 PREFIX = "tb-scale-"
 DCS = 4
@@ -120,12 +119,12 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
     memory = PeakMemory()
     start = time.perf_counter()
     try:
-        run_dir = run_experiment(path, out, prefix=PREFIX, shaper="auto", launcher=launcher, backend=args.backend)
+        run_dir = api.run(path, out, prefix=PREFIX, shaper="auto", launcher=launcher, backend=args.backend)
     except KeyboardInterrupt:
         rise = memory.stop()
         if not memory.stopped:
             raise
-        cancel.reset()
+        api.reset_stop()
         return [{"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "launcher": launcher, "strategy": "-",
                  "status": f"stopped: under {FLOOR / 2**30:g} GiB available",
                  "used memory rise GiB (run peak)": rise / 2**30, "run wall s (both cells)": time.perf_counter() - start}]
@@ -170,7 +169,7 @@ def main() -> None:
     parser.add_argument("--backend", default="netns", help="netns, or docker (one container per node)")
     parser.add_argument("--keep", type=Path, help="keep the runs' results here (default: a temporary directory)")
     args = parser.parse_args()
-    cancel.install()
+    api.handle_signals()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.keep:

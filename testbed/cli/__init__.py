@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.core import TyperOption
 
-from testbed import settings
+from testbed.api import settings
 from testbed.cli.commands import app, err
 
 EXIT_INTERNAL = 70  # an unexpected exception: a bug; the traceback is in a log file

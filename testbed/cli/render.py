@@ -13,10 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from testbed.plan.containers import ContainersPlan
-from testbed.plan.hosts import HostsPlan
-from testbed.plan.network import NetworkPlan
-from testbed.spec import units
+from testbed.api.types import ContainersPlan, HostsPlan, NetworkPlan, format_duration, format_fraction
 
 AUTO_NOTE = "(shaper auto resolves to netem where every kernel has it; shown: userspace-delay)"
 
@@ -29,8 +26,8 @@ def print_plan(plan: Any, out: Console, requested_shaper: str, options: Any) -> 
 
 def _delay_text(line: Any) -> str:
     """A delay line's direction as the plan tables show it: latency ±jitter loss."""
-    return (f"{units.format_duration(line.latency)} ±{units.format_duration(line.jitter)} "
-            f"loss {units.format_fraction(line.loss)}")
+    return (f"{format_duration(line.latency)} ±{format_duration(line.jitter)} "
+            f"loss {format_fraction(line.loss)}")
 
 
 @print_plan.register
@@ -116,7 +113,7 @@ def status_tables(info: dict[str, Any]) -> list[Table]:
     nodes = Table("node", "dc", "namespace", "address", title="nodes")
     for node in info["nodes"]:
         nodes.add_row(node["name"], node["dc"], node["namespace"], node["address"])
-    from testbed.model.labels import value_label
+    from testbed.api.types import value_label
 
     links = Table("link", "latency", "bandwidth", "jitter", "loss", "queue", "mechanism", title="links")
     for link in info["links"]:
@@ -260,7 +257,7 @@ def print_csv(rows: list[dict[str, Any]]) -> None:
 
 def compare_table(frame: Any) -> Table:
     """`testbed compare`: two runs' figures per strategy and sweep point, for people (labels, %, MB, separators)."""
-    from testbed.model.labels import key_label, value_label
+    from testbed.api.types import key_label, value_label
 
     def cell(column: str, value: Any) -> str:
         if value is None or value != value:  # NaN
