@@ -13,6 +13,7 @@ _BACKENDS: dict[str, str] = {
     "netns": "testbed.fabric.netns:NetnsBackend",  # namespaces on this machine (the default)
     "docker": "testbed.fabric.docker:DockerBackend",  # containers on a docker engine
     "ssh": "testbed.fabric.ssh:SshBackend",  # real hosts over SSH
+    "slurm": "testbed.fabric.slurm:SlurmBackend",  # Slurm nodes, shaped by a Prolog or sudo -n
 }
 DEFAULT = "netns"
 
