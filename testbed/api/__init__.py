@@ -21,6 +21,7 @@ from testbed.api.errors import UserError, as_user_error, user_errors
 from testbed.api.measure import calibrate, probe, seconds
 from testbed.api.predictions import plan, whatif
 from testbed.api.runs import cells, check, compare, report, run, run_command, run_progress
+from testbed.api.slurm import slurm_hook
 from testbed.api.testbeds import (
     backend,
     check_hosts,
@@ -45,5 +46,5 @@ from testbed.plan import DEFAULT_PREFIX
 __all__ = ["DEFAULT_PREFIX", "UserError", "as_user_error", "backend", "calibrate", "cells", "check", "check_hosts",
            "check_shaper", "clean", "clear_faults", "compare", "compose", "dead_delay_lines_line", "down", "dry_run",
            "exec_", "fault", "handle_signals", "load_topology", "plan", "probe", "report", "reset_stop", "run",
-           "run_command", "run_progress", "seconds", "settings", "shape", "status", "testbed", "up", "user_errors",
+           "run_command", "run_progress", "seconds", "settings", "shape", "slurm_hook", "status", "testbed", "up", "user_errors",
            "whatif"]

@@ -519,6 +519,21 @@ def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenar
 
 hosts_app = typer.Typer(help="Real hosts over SSH (inventory files).", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
+slurm_app = typer.Typer(help="Slurm: the Prolog and Epilog a site's admin installs for --backend slurm.",
+                        no_args_is_help=True)
+app.add_typer(slurm_app, name="slurm")
+
+
+@slurm_app.command("prolog")
+def slurm_prolog() -> None:
+    """As slurmd's Prolog (root, each node, a job's start): shape the node as a testbed job's plan says."""
+    raise typer.Exit(api.slurm_hook("prolog"))
+
+
+@slurm_app.command("epilog")
+def slurm_epilog() -> None:
+    """As slurmd's Epilog (root, each node, a job's end): restore what testbed changed, whatever became of the job."""
+    raise typer.Exit(api.slurm_hook("epilog"))
 
 
 @hosts_app.command("check")
