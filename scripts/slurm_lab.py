@@ -22,26 +22,31 @@ What `up TOPOLOGY [--name NAME]` builds (NAME defaults to the topology's name, l
     nodes, their jobs and their Prolog resolve each other's names).
   - munged of the lab's own (own key, own socket under the state directory; slurm.conf's AuthInfo names the socket):
     the system's munge is never used or touched. SlurmUser and SlurmdUser are root.
-  - Prolog and Epilog as an admin installs them, with PrologFlags=Alloc (the Prolog runs as root on every
-    allocated node when the allocation starts, before any step; the Epilog on each at the job's end). By default
+  - Prolog and Epilog as an admin installs them, with PrologFlags=Alloc,DeferBatch: the Prolog runs as root on
+    every allocated node when the allocation starts, no task starts on a node before its Prolog has finished and
+    a batch script not before all of them have; the Epilog runs as root on each node at the job's end. By default
     they are the wrappers STATE/prolog and STATE/epilog: each runs `testbed slurm prolog` (or `epilog`) when the
     testbed found at `up` (this checkout's .venv/bin/testbed, else `testbed` on PATH; `--testbed`) has that
-    command, and exits 0 otherwise; either way it appends one line to STATE/log/prolog.log or epilog.log:
-    `<time> prolog job=<id> node=<node> uid=<uid> testbed=ran|absent rc=<rc>`. `--prolog PATH` / `--epilog PATH`
-    install other scripts instead.
+    command (`testbed slurm prolog --help` succeeds), and exits 0 otherwise; either way it appends one line to
+    STATE/log/prolog.log or epilog.log:
+        <time> prolog job=<id> node=<SLURMD_NODENAME> host=<hostname> uid=<uid> testbed=ran|absent rc=<rc>
+    and exits with testbed's status (a Prolog that fails drains its node, as on any cluster). `--prolog PATH` and
+    `--epilog PATH` install other scripts instead.
 
 What `up` prints on stdout (progress and errors go to stderr), also kept in STATE/env:
     export SLURM_CONF=STATE/slurm.conf       the Slurm commands and testbed's Slurm backend read the lab from it
     export SLURMLAB_NAME=NAME                `down` and `env` take it as their default lab
     export SLURMLAB_DIR=STATE
-`up` returns once `sinfo` shows every node idle (`--timeout`, 120 s by default; otherwise it names the nodes that
-are not and their slurmd logs, takes down what it made and exits 1). Bad arguments or topology: one line, exit 2.
+`up` returns once `sinfo` shows every node idle (`--timeout`, 120 s by default). Otherwise, or when a daemon exits,
+it says which (the nodes not idle and their slurmd logs), takes down what it made but STATE/log, for reading
+until `down`, and exits 1. Bad arguments or topology: one line, exit 2, nothing made. `--slurmd PATH` runs another
+slurmd (a local build, or a stand-in that never registers, as the tests do).
 
 The state directory STATE = /var/tmp/testbed-slurm-lab-NAME:
     slurm.conf, cgroup.conf (CgroupPlugin=cgroup/v1), plugstack.conf (empty), prolog, epilog, env, lab.json
-    (name, subnet, host/controller/node addresses, DCs), lock, munge/ (key, socket, pid, seed), ctld/ (state save),
-    spool/<node>/, run/ (pid files: slurmctld.pid, slurmd-<node>.pid), log/ (munged.log, slurmctld.log,
-    slurmd-<node>.log, prolog.log, epilog.log).
+    (name, subnet, host/controller/node addresses, DCs, ready), lock, munge/ (key, socket, pid, seed), ctld/ (state),
+    spool/<node>/, run/ (pid files: slurmctld.pid, slurmd-<node>.pid), log/ (slurmctld.log, slurmd-<node>.log,
+    prolog.log, epilog.log, and <daemon>.out: what each daemon wrote on stdout and stderr, munged's log).
 ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no accounting, SchedulerType=sched/builtin,
 SelectType=select/cons_tres with CR_Core, ReturnToService=2.
 
@@ -59,6 +64,7 @@ import errno
 import fcntl
 import hashlib
 import ipaddress
+import itertools
 import json
 import os
 import re
@@ -91,6 +97,10 @@ class UsageError(Exception):
 
 class LabError(Exception):
     """The lab could not be brought up or down: one line (with the log to read), exit 1."""
+
+
+class TimedOut(LabError):
+    pass
 
 
 class Interrupted(Exception):
@@ -221,7 +231,7 @@ def slurm_conf(lab: Lab, prolog: str, epilog: str) -> str:
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
         "ReturnToService=2", "SlurmctldTimeout=30", "SlurmdTimeout=60", "InactiveLimit=0", "KillWait=5",
         "MinJobAge=300", "SlurmctldDebug=info", "SlurmdDebug=info",
-        f"Prolog={prolog}", f"Epilog={epilog}", "PrologFlags=Alloc",
+        f"Prolog={prolog}", f"Epilog={epilog}", "PrologFlags=Alloc,DeferBatch",
     ]
     lines += [f"NodeName={n.name} NodeAddr={n.address} NodeHostname={n.name} CPUs={lab.cpus} Feature={n.dc} State=UNKNOWN"
               for n in lab.nodes]
@@ -238,6 +248,7 @@ PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 tb={shlex.quote(testbed)}
 node="${{SLURMD_NODENAME:-$(hostname)}}"
+host="$(hostname)"
 if [ -x "$tb" ] && "$tb" slurm {which} --help >/dev/null 2>&1; then
   "$tb" slurm {which}
   rc=$?
@@ -246,7 +257,7 @@ else
   rc=0
   ran=absent
 fi
-echo "$(date +%s.%N) {which} job=$SLURM_JOB_ID node=$node uid=$(id -u) testbed=$ran rc=$rc" >> {shlex.quote(str(log))}
+echo "$(date +%s.%N) {which} job=$SLURM_JOB_ID node=$node host=$host uid=$(id -u) testbed=$ran rc=$rc" >> {shlex.quote(str(log))}
 exit $rc
 """
 
@@ -277,10 +288,10 @@ def lab_namespaces(name: str | None) -> list[str]:
 
 
 def existing_labs() -> set[str]:
-    """Names of the labs that have anything on this machine: state directory or namespaces."""
+    """Names of the labs that have anything on this machine: state directory, namespaces or processes."""
     names = {p.name[len(STATE_PREFIX):] for p in STATE_ROOT.glob(f"{STATE_PREFIX}*") if p.is_dir()}
     names |= {ns[len(NS_PREFIX):].rsplit(".", 1)[0] for ns in lab_namespaces(None)}
-    return names
+    return names | daemon_labs()
 
 
 def host_links() -> list[dict]:
@@ -330,10 +341,45 @@ def ancestors() -> set[int]:
     return pids
 
 
+DAEMONS = (b"munged", b"slurmctld", b"slurmd", b"slurmstepd", b"slurmscriptd")
+
+
+def proc_read(pid: str, what: str) -> bytes:
+    with open(f"/proc/{pid}/{what}", "rb") as source:
+        return source.read()
+
+
+def daemon_lab(pid: str) -> str | None:
+    """The lab whose daemon (or job step) this process is, by the state directory in its command line or in its
+    SLURM_CONF (slurmscriptd and slurmstepd name no file); None for any other process."""
+    if proc_read(pid, "comm").strip() not in DAEMONS:
+        return None
+    prefix = str(STATE_ROOT / STATE_PREFIX).encode()
+    for text in (proc_read(pid, "cmdline"), b"\0".join(entry[len(b"SLURM_CONF="):] for entry in
+                                                        proc_read(pid, "environ").split(b"\0")
+                                                        if entry.startswith(b"SLURM_CONF="))):
+        for arg in text.split(b"\0"):
+            start = arg.find(prefix)
+            if start >= 0:
+                return arg[start + len(prefix):].split(b"/")[0].decode(errors="replace")
+    return None
+
+
+def started_by_lab(name: str, argv: list[bytes]) -> bool:
+    """Whether a command line is one the lab starts around its daemons: the netns/UTS wrapper, a --slurmd stand-in,
+    its Prolog or Epilog (a user's `tail -f` of a lab log or shell holding SLURM_CONF is not the lab's to kill)."""
+    d = str(state_dir(name)).encode()
+    if argv[:3] == [b"ip", b"netns", b"exec"] and len(argv) > 3 and argv[3].startswith(f"{NS_PREFIX}{name}.".encode()):
+        return True
+    if any(a == b"-f" and b == d + b"/slurm.conf" for a, b in itertools.pairwise(argv)):
+        return True
+    return any(arg in (d + b"/prolog", d + b"/epilog") for arg in argv[:2])
+
+
 def lab_processes(name: str) -> list[int]:
-    """Every process in the lab's namespaces, and any whose command line names its state directory."""
+    """Every process in the lab's namespaces, and any other the lab started: its daemons and job steps even where
+    their namespace is gone (by their state directory), what starts them, its Prolog and Epilog."""
     inodes = {inode for ns in lab_namespaces(name) if (inode := ns_inode(ns)) is not None}
-    marker = str(state_dir(name)).encode()
     mine = ancestors()
     found = []
     for entry in os.listdir("/proc"):
@@ -341,16 +387,23 @@ def lab_processes(name: str) -> list[int]:
             continue
         try:
             st = os.stat(f"/proc/{entry}/ns/net")
-            if (st.st_dev, st.st_ino) in inodes:
-                found.append(int(entry))
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                argv = cmdline.read().split(b"\0")
-            if any(arg == marker or arg.startswith(marker + b"/") or (b"=" + marker) in arg for arg in argv):
+            if ((st.st_dev, st.st_ino) in inodes or daemon_lab(entry) == name
+                    or started_by_lab(name, proc_read(entry, "cmdline").split(b"\0"))):
                 found.append(int(entry))
         except OSError:
             continue
     return found
+
+
+def daemon_labs() -> set[str]:
+    """Labs that have a daemon or job step running, whatever else of them is left."""
+    names = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if (name := daemon_lab(entry)) is not None:
+                    names.add(name)
+    return names
 
 
 def alive(pid: int) -> bool:
@@ -377,8 +430,9 @@ def kill_all(pids: list[int], grace: float = 1.0) -> None:
     raise LabError(f"processes {pids} outlived SIGKILL")
 
 
-def sweep(name: str, *, keep_lock: bool) -> list[str]:
-    """Remove everything lab `name` has on this machine, found by name; returns what was there."""
+def sweep(name: str, *, keep_lock: bool, keep_logs: bool = False) -> list[str]:
+    """Remove everything lab `name` has on this machine, found by name; returns what was there. `keep_logs` keeps
+    STATE/log (and STATE) for a failed `up` to be read; `down` removes them."""
     removed = []
     for _ in range(3):  # a process may be starting (ip netns exec) while we kill: look again
         pids = lab_processes(name)
@@ -405,12 +459,24 @@ def sweep(name: str, *, keep_lock: bool) -> list[str]:
         if any(entry.name != "lock" for entry in directory.iterdir()):
             removed.append(str(directory))
         for entry in directory.iterdir():
-            if entry.name == "lock" and keep_lock:
+            if (entry.name == "lock" and keep_lock) or (entry.name == "log" and keep_logs):
                 continue
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-        if not keep_lock:
+        if not keep_lock and not keep_logs:
             directory.rmdir()
     return removed
+
+
+@contextlib.contextmanager
+def allocating():
+    """Hold a lock on STATE_ROOT itself while a lab picks its subnet and records it (two `up`s at once would pick
+    the same one); a lock on the directory leaves no file behind."""
+    fd = os.open(STATE_ROOT, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -522,7 +588,7 @@ def spawn(lab: Lab, ns: str, hostname: str, argv: list[str], log: Path) -> subpr
 
 def tail(path: Path, lines: int = 5) -> str:
     try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) or "(empty)"
     except OSError:
         return "(no log)"
 
@@ -531,12 +597,13 @@ def wait_until(what: str, ready, deadline: float, daemons: dict[str, tuple[subpr
     while True:
         for label, (proc, log) in daemons.items():
             if proc.poll() is not None:
-                raise LabError(f"{label} exited ({proc.returncode}) while waiting for {what}; "
-                               f"see {log}: {tail(log)}")
+                out = log.with_suffix(".out")  # what it wrote before its log file was open
+                raise LabError(f"{label} exited ({proc.returncode}) while waiting for {what}; see {log}: {tail(log)}"
+                               f" (its output, {out}: {tail(out)})")
         if ready():
             return
         if time.monotonic() > deadline:
-            raise LabError(f"timed out waiting for {what}")
+            raise TimedOut(f"timed out waiting for {what}")
         time.sleep(0.2)
 
 
@@ -552,7 +619,7 @@ def node_states(lab: Lab) -> dict[str, str]:
     return dict(line.split(None, 1) for line in proc.stdout.splitlines() if " " in line)
 
 
-def start_daemons(lab: Lab, timeout: float) -> None:
+def start_daemons(lab: Lab, timeout: float, slurmd: str) -> None:
     d = lab.dir
     deadline = time.monotonic() + timeout
     started = time.monotonic()
@@ -578,7 +645,7 @@ def start_daemons(lab: Lab, timeout: float) -> None:
     for node in lab.nodes:
         log = d / "log" / f"slurmd-{node.name}.log"
         daemons[f"slurmd of {node.name}"] = (
-            spawn(lab, lab.ns(node.name), node.name, ["slurmd", "-D", "-f", str(d / "slurm.conf")],
+            spawn(lab, lab.ns(node.name), node.name, [slurmd, "-D", "-f", str(d / "slurm.conf")],
                   d / "log" / f"slurmd-{node.name}.out"), log)
     states: dict[str, str] = {}
 
@@ -588,7 +655,7 @@ def start_daemons(lab: Lab, timeout: float) -> None:
 
     try:
         wait_until(f"{len(lab.nodes)} nodes idle in sinfo", all_idle, deadline, daemons)
-    except LabError as error:
+    except TimedOut as error:
         late = [node.name for node in lab.nodes if states.get(node.name) != "idle"]
         logs = ", ".join(f"{name} ({states.get(name, 'not listed')}): {d / 'log' / f'slurmd-{name}.log'}"
                          for name in late)
@@ -607,9 +674,11 @@ def up(args: argparse.Namespace) -> None:
     name = args.name or default_name(topology_name)
     if not NAME_RE.match(name):
         raise UsageError(f"--name {name!r}: a lab name is a lowercase letter or digit, then up to 31 of a-z 0-9 _ -")
-    for given in (args.prolog, args.epilog):
-        if given and not os.access(given, os.X_OK):
-            raise UsageError(f"{given}: not an executable file (--prolog/--epilog)")
+    for option, given in (("--prolog", args.prolog), ("--epilog", args.epilog), ("--slurmd", args.slurmd)):
+        if given and ("/" in given or option != "--slurmd") and not os.access(given, os.X_OK):
+            raise UsageError(f"{option} {given}: not an executable file")
+    if "/" in args.slurmd:
+        args.slurmd = str(Path(args.slurmd).resolve())
     missing = [binary for binary in BINARIES if shutil.which(binary, path=DAEMON_ENV["PATH"]) is None]
     if missing:
         raise UsageError(f"missing {', '.join(missing)}: run scripts/setup --tests (apt-get install "
@@ -634,19 +703,23 @@ def up(args: argparse.Namespace) -> None:
             left = sweep(name, keep_lock=True)
             if left:
                 say(f"swept what an earlier lab {name} left: {', '.join(left)}")
-            lab = plan_lab(name, args.subnet or free_subnet(name), nodes, args.cpus or os.cpu_count() or 1)
-            write_files(lab, args.prolog and str(Path(args.prolog).resolve()),
-                        args.epilog and str(Path(args.epilog).resolve()), find_testbed(args.testbed))
+            with allocating():
+                lab = plan_lab(name, args.subnet or free_subnet(name), nodes, args.cpus or os.cpu_count() or 1)
+                write_files(lab, args.prolog and str(Path(args.prolog).resolve()),
+                            args.epilog and str(Path(args.epilog).resolve()), find_testbed(args.testbed))
             build_network(lab)
-            start_daemons(lab, args.timeout)
+            start_daemons(lab, args.timeout, args.slurmd)
             record = json.loads(ready.read_text())
             record.update(ready=True, up_seconds=round(time.monotonic() - started, 2))
             ready.write_text(json.dumps(record, indent=1) + "\n")
-        except BaseException:
+        except BaseException as error:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)
-            say(f"taking down what was made of lab {name}")
-            sweep(name, keep_lock=False)
+            failed = isinstance(error, LabError)
+            say(f"taking down what was made of lab {name}" +
+                (f", but its logs: {state_dir(name) / 'log'} (`scripts/slurm-lab down {name}` removes them)"
+                 if failed else ""))
+            sweep(name, keep_lock=False, keep_logs=failed)
             raise
     say(f"lab {name} up: {len(lab.nodes)} nodes idle on {lab.subnet} ({time.monotonic() - started:.1f} s); "
         f"logs in {lab.dir / 'log'}")
@@ -682,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every node idle")
     p_up.add_argument("--prolog", help="the Prolog to install (default: the lab's testbed wrapper)")
     p_up.add_argument("--epilog", help="the Epilog to install (default: the lab's testbed wrapper)")
+    p_up.add_argument("--slurmd", default="slurmd", help="the slurmd to run on each node (default: slurmd on PATH)")
     p_up.add_argument("--testbed", help="the testbed executable the wrappers call (default: .venv/bin/testbed)")
     p_down = commands.add_parser("down", help="take a lab down, leaving nothing")
     p_down.add_argument("name", nargs="?")
