@@ -2,7 +2,7 @@
 
 Written here rather than by a script whose output is committed: a generated page then cannot drift from the code
 or be edited by hand, and no test has to compare two copies. Every function below returns a page's markdown;
-tests/unit/test_docs.py calls them without mkdocs.
+tests/docs/test_docs.py calls them without mkdocs.
 
 Pages: reference/cli.md (every command and option, walked from the click tree typer builds), reference/formats.md
 (topology, experiment, scenario and inventory files: a table per model and its JSON Schema, from the pydantic
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "gallery" / "results"  # measured results kept by hand, one per gallery page (optional)
 
 # What each TESTBED_* variable the code reads is for, in a user's words; a variable not here takes the comment
-# testbed/settings.py or testbed/rankenv.py gives it, and tests/unit/test_docs.py fails on one that has neither.
+# testbed/settings.py or testbed/rankenv.py gives it, and tests/docs/test_docs.py fails on one that has neither.
 ENVIRONMENT: dict[str, tuple[str, str]] = {
     # name: (who sets it, what it does)
     "TESTBED_PREFIX": ("user", "name prefix of every namespace, interface, container and network (`--prefix`; "

@@ -16,16 +16,15 @@ import pytest
 
 from tests.needs import CAPABILITIES, cannot_run, fail_if_ci_must_run, missing
 
-pytest_plugins = ["tests.uml.plugin"]
+pytest_plugins = ["tests.support.uml.plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"
 
 
-TESTS = Path(__file__).resolve().parent
-# what a test needs (tests/needs.py's markers), applied here and only here: by the folder it is in, by a fixture it
-# uses, and by the backend a fixture of it is parametrized with (tests/scenario: one test, every backend)
-FOLDER_NEEDS = {"docker": ("root", "docker"), "remote": ("root", "sshd"), "uml": ("root", "uml")}
+# what a test needs (tests/needs.py's markers): written on the test (a module's `pytestmark` or its own decorator),
+# or applied here by a fixture it uses and by the backend a fixture of it is parametrized with
+# (tests/fabric/test_backends.py: one test, every backend); never by the folder a test is in
 FIXTURE_NEEDS = {"docker_image": ("root", "docker"), "netns_quickstart": ("root",)}
 BACKEND_NEEDS = {"docker": ("root", "docker"), "ssh": ("root", "sshd")}
 
@@ -40,11 +39,8 @@ def _direct_parameters(item: pytest.Item) -> set[str]:
 
 
 def needs_of(item: pytest.Item) -> set[str]:
-    """The capabilities `item` needs beyond the markers written on it: its folder's, its fixtures', its backend's."""
+    """The capabilities `item` needs beyond the markers written on it: its fixtures', its backend's."""
     needs: set[str] = set()
-    path = Path(item.path).resolve()
-    if TESTS in path.parents:
-        needs.update(FOLDER_NEEDS.get(path.relative_to(TESTS).parts[0], ()))
     for fixture in getattr(item, "fixturenames", ()):
         needs.update(FIXTURE_NEEDS.get(fixture, ()))
     callspec = getattr(item, "callspec", None)
@@ -120,7 +116,7 @@ class QuickstartRun:
 def netns_quickstart(tmp_path_factory: pytest.TempPathFactory) -> QuickstartRun:
     """`testbed run experiments/quickstart.yaml --only QUICKSTART_CELL` on the netns backend, once per session
     (root): the cost model's calibration and predictions (tests/model) and the report the compose path must
-    write alike (tests/docker) are read from the same run, which takes ~45 s here. Torn down like `prefix`."""
+    write alike (tests/fabric/docker) are read from the same run, which takes ~45 s here. Torn down like `prefix`."""
     from testbed.fabric.lifecycle import tear_down
 
     base = tmp_path_factory.mktemp("netns-quickstart")

@@ -5,9 +5,14 @@ what happens when the machine lacks it: skipped with the reason; when CI is set 
     root    root: network namespaces, tc
     docker  a docker engine (DOCKER_HOST or /var/run/docker.sock)
     sshd    /usr/sbin/sshd (the "remote hosts" are sshd in namespaces)
-    uml     user-mode Linux (tests/uml/harness.py: a 6.1 kernel with sch_netem)
+    uml     user-mode Linux (tests/support/uml/harness.py: a 6.1 kernel with sch_netem)
+    slurm   a Slurm lab can run (scripts/slurm-lab): slurmctld, slurmd and munged installed
 
-`pytest -m "not (docker or uml)"` runs the quick part; `-m "not (root or docker or sshd or uml)"` what needs none.
+A test says what it needs with a module's `pytestmark` or its own decorator; tests/conftest.py adds what a fixture
+it uses or a backend a fixture of it is parametrized with needs. The folder a test is in says nothing.
+
+`pytest -m "not (docker or uml)"` runs the quick part; `-m "not (root or docker or sshd or uml or slurm)"` what needs
+none.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import pytest
 
 CI_MUST_RUN = "ci_must_run"
 SSHD = "/usr/sbin/sshd"
+SLURM = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")  # what scripts/slurm-lab starts
 
 
 def _root() -> str | None:
@@ -36,8 +42,13 @@ def _sshd() -> str | None:
     return None if os.access(SSHD, os.X_OK) else f"no {SSHD} (apt-get install openssh-server; scripts/setup --tests does)"
 
 
+def _slurm() -> str | None:
+    absent = [path for path in SLURM if not os.access(path, os.X_OK)]
+    return None if not absent else f"no {', '.join(absent)} (apt-get install slurm-wlm munge)"
+
+
 def _uml() -> str | None:
-    from tests.uml import harness
+    from tests.support.uml import harness
 
     if harness.inside():
         return None
@@ -45,7 +56,8 @@ def _uml() -> str | None:
     return None if why is None else f"user-mode Linux unavailable: {why}"
 
 
-CAPABILITIES: dict[str, Callable[[], str | None]] = {"root": _root, "docker": _docker, "sshd": _sshd, "uml": _uml}
+CAPABILITIES: dict[str, Callable[[], str | None]] = {"root": _root, "docker": _docker, "sshd": _sshd, "uml": _uml,
+                                                     "slurm": _slurm}
 
 
 @functools.cache

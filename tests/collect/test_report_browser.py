@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..needs import unavailable
+from tests.needs import unavailable
 
 WIDTHS = (1280, 800)  # a desktop window, half a laptop's screen
 CHECK = """

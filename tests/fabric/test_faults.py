@@ -20,8 +20,7 @@ from testbed.runner.faults import FaultDriver, step_starts
 from testbed.spec.faults import Fault
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import topology_from_data
-
-from .fake_backend import LOG, FakeFabric
+from tests.support.fake_backend import LOG, FakeFabric
 
 TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
@@ -31,7 +30,7 @@ BASE = LinkParams(latency=0.005, bandwidth=1e9)
 
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch, state_dir):
-    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.fabric.fake_backend:FakeBackend"})
+    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.support.fake_backend:FakeBackend"})
     # the fake testbeds are brought up and never torn down: their lock files stay beside their state, not the host's
     monkeypatch.setenv(settings.OWNERS_DIR, str(state_dir.parent / "owners"))
     LOG.clear()

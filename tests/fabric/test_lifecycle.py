@@ -15,9 +15,8 @@ from testbed.fabric import state as state_store
 from testbed.fabric.errors import FabricError
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import topology_from_data
-
-from . import fake_backend
-from .fake_backend import LOG, FakeBackend, FakeOptions, FakeState
+from tests.support import fake_backend
+from tests.support.fake_backend import LOG, FakeBackend, FakeOptions, FakeState
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
@@ -29,8 +28,8 @@ REAL = dict(registry._BACKENDS)
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch, state_dir):
     """Only the fake backends are registered (the real ones would look for namespaces and an engine)."""
-    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.fabric.fake_backend:FakeBackend",
-                                                "other": "tests.fabric.fake_backend:OtherBackend"})
+    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.support.fake_backend:FakeBackend",
+                                                "other": "tests.support.fake_backend:OtherBackend"})
     LOG.clear()
 
 
@@ -38,7 +37,7 @@ def test_a_name_is_turned_into_its_class_and_an_unknown_one_lists_the_registered
     assert registry.get("fake") is FakeBackend and registry.names() == ("fake", "other")
     with pytest.raises(FabricError, match=r"^--backend: expected one of fake, other, got 'k8s'$"):
         registry.get("k8s")
-    registry.register("misnamed", "tests.fabric.fake_backend:Misnamed")
+    registry.register("misnamed", "tests.support.fake_backend:Misnamed")
     with pytest.raises(FabricError, match="calls itself 'something-else', registered as 'misnamed'"):
         registry.get("misnamed")
 

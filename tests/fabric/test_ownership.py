@@ -17,8 +17,7 @@ from testbed.fabric import state as state_store
 from testbed.fabric.ownership import HeldElsewhere
 from testbed.spec.topology import topology_from_data
 from testbed.waiting import alive, wait_for
-
-from .fake_backend import LOG
+from tests.support.fake_backend import LOG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
@@ -47,8 +46,8 @@ if how != "orphan":
 def fakes(monkeypatch, state_dir, tmp_path):
     """The fake backends only, and lock files of this test's own (the host's are for real testbeds)."""
     monkeypatch.setenv(ownership.OWNERS_DIR_ENV, str(tmp_path / "owners"))
-    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.fabric.fake_backend:FakeBackend",
-                                                "other": "tests.fabric.fake_backend:OtherBackend"})
+    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.support.fake_backend:FakeBackend",
+                                                "other": "tests.support.fake_backend:OtherBackend"})
     LOG.clear()
     yield
     for path in list(ownership._held):  # what this process still holds (bring_up without tear_down)
@@ -159,7 +158,7 @@ def test_a_testbed_brought_up_by_a_process_that_ended_is_taken_down_from_another
     """`testbed up` then `testbed down`: the up's process has ended, so its testbed is nobody's."""
     script = ("from testbed.fabric import lifecycle, registry\n"
               "from tests.fabric.test_ownership import TOPOLOGY, PREFIX\n"
-              "registry._BACKENDS.update({'fake': 'tests.fabric.fake_backend:FakeBackend'})\n"
+              "registry._BACKENDS.update({'fake': 'tests.support.fake_backend:FakeBackend'})\n"
               "lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend='fake')\n")
     up = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
@@ -184,7 +183,7 @@ def test_the_command_reads_as_typed():
 def test_a_bring_up_that_fails_with_nothing_left_leaves_no_lock_file():
     """`up` that fails (a host check, a refused shaper) before anything stays to clean: neither its state nor its
     lock file stays; one that left a change to undo keeps both for `clean`."""
-    from .fake_backend import FakeBackend, FakeOptions
+    from tests.support.fake_backend import FakeBackend, FakeOptions
 
     with pytest.raises(Exception, match="injected failure"):
         lifecycle.bring_up(TOPOLOGY, prefix="tbo-", backend=FakeBackend(FakeOptions(fail="up")))

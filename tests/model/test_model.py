@@ -44,8 +44,7 @@ from testbed.plan.cells import plan_cells
 from testbed.spec.experiment import load_experiment
 from testbed.spec.strategies import Options
 from testbed.spec.topology import topology_from_data
-
-from ..conftest import ROOT
+from tests.conftest import ROOT
 
 DATA = Path(__file__).parent / "data"
 IDEAL = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0, local_bandwidth=math.inf)  # payloads take no time

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.root
 
 
 def test_a_run_is_calibrated_and_predicted(netns_quickstart):
-    """The session's one quickstart cell on netns (tests/conftest.py; tests/docker compares its report with the
+    """The session's one quickstart cell on netns (tests/conftest.py; tests/fabric/docker compares its report with the
     compose path's)."""
     assert netns_quickstart.proc.returncode == 0, netns_quickstart.proc.stderr[-3000:]
     run_dir = netns_quickstart.run_dir

@@ -6,9 +6,8 @@ import pytest
 from testbed.runner.cells import plan_cells
 from testbed.spec import SpecError
 from testbed.spec.experiment import load_experiment
-
-from ..conftest import ROOT
-from ..experiments.malformed import MALFORMED, THREE_UNEQUAL, write
+from tests.conftest import ROOT
+from tests.support.malformed import MALFORMED, THREE_UNEQUAL, write
 
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
 
@@ -96,7 +95,7 @@ def test_malformed_experiments_are_refused_at_load_time_with_one_line(tmp_path, 
 
 def test_each_malformed_case_is_one_edit_from_a_good_file(tmp_path):
     """The table's files are otherwise valid: the good twin of one of each kind loads."""
-    from ..experiments.malformed import LATENCY, text
+    from tests.support.malformed import LATENCY, text
 
     good = {"chunks": text("[flat-dp, {name: o, strategy: hier-dp-overlap, options: {chunks: 4}}]"),
             "where": text("[flat-dp]", sweep=LATENCY, thresholds="{metric: tokens_per_s, strategy: flat-dp, "

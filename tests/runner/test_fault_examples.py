@@ -11,8 +11,7 @@ import torch
 from testbed.runner.cells import plan_cells
 from testbed.spec.experiment import load_experiment
 from testbed.workload.sdc import Guard
-
-from ..conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli
 
 EXAMPLES = {"restarts": ["kill"], "killed-rank": ["kill"], "straggler": ["straggler"],
             "sdc-replay": ["sdc", "sdc", "sdc"]}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import namespaces_with, run_cli
-from .test_run import run_dir_of
+from tests.conftest import namespaces_with, run_cli
+from tests.runner.test_run import run_dir_of
 
 pytestmark = pytest.mark.root
 

@@ -17,9 +17,8 @@ import pytest
 
 from testbed.runner.space import cell_bytes, run_bytes
 from testbed.spec.experiment import load_experiment
-
-from ..conftest import ROOT, namespaces_with, run_cli
-from .test_run import experiment
+from tests.conftest import ROOT, namespaces_with, run_cli
+from tests.runner.test_run import experiment
 
 pytestmark = pytest.mark.root
 

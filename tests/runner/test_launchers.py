@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyroute2 import netns
 
-from ..conftest import ROOT, namespaces_with, run_cli
+from tests.conftest import ROOT, namespaces_with, run_cli
 
 pytestmark = pytest.mark.root
 

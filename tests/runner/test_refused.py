@@ -14,9 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from testbed.cli.commands import app
-
-from ..conftest import namespaces_with, run_cli
-from ..experiments.malformed import MALFORMED, write
+from tests.conftest import namespaces_with, run_cli
+from tests.support.malformed import MALFORMED, write
 
 pytestmark = pytest.mark.root
 

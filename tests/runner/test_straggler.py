@@ -1,6 +1,6 @@
 """A straggler's loop on its rank's node (root, netns): a busy process slowed 4 times for 1 s gets about a quarter of
 the CPU it gets unslowed, is continued when the loop ends or is stopped early, and the loop leaves nothing.
-(docker and ssh: tests/scenario/test_backends.py runs one in a cell.) The testbed goes with the prefix fixture."""
+(docker and ssh: tests/fabric/test_backends.py runs one in a cell.) The testbed goes with the prefix fixture."""
 
 from __future__ import annotations
 

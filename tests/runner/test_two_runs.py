@@ -18,9 +18,8 @@ import pytest
 
 from testbed.fabric.lifecycle import tear_down
 from testbed.plan import DEFAULT_PREFIX
-
-from ..conftest import ROOT, namespaces_with, run_cli
-from .test_run import experiment
+from tests.conftest import ROOT, namespaces_with, run_cli
+from tests.runner.test_run import experiment
 
 pytestmark = pytest.mark.root
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from testbed.collect.report import PEOPLE
-
-from ..conftest import ROOT, namespaces_with, run_cli
+from tests.conftest import ROOT, namespaces_with, run_cli
 
 pytestmark = pytest.mark.root
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from .test_strategies import BASE, run
+from tests.workload.test_strategies import BASE, run
 
 
 def test_async_diloco_applies_each_sync_once_within_the_staleness_bound_and_trains(tmp_path):

@@ -27,8 +27,7 @@ from testbed.workload.options import Options
 from testbed.workload.strategies import make_strategy
 from testbed.workload.strategies.base import Context, Strategy
 from testbed.workload.strategies.diloco import AsyncDiLoCo
-
-from .test_strategies import run
+from tests.workload.test_strategies import run
 
 BASE = Options(steps=6, micro_batch=2, micro_batches=1, seed=3, optimizer="adamw")
 CASES = {  # strategy: (options, DCs, ranks per DC, checkpoint every, steps of the first run, per rank)

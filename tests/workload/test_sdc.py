@@ -13,8 +13,7 @@ import torch
 
 from testbed.workload.options import Options
 from testbed.workload.sdc import Guard, Injection, checksum, flip_bit, odd_ones, poison
-
-from .test_strategies import run
+from tests.workload.test_strategies import run
 
 
 def sdc_events(directory, world: int) -> list[dict]:

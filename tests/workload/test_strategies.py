@@ -17,8 +17,7 @@ from testbed.workload import data
 from testbed.workload.local import launch
 from testbed.workload.model import GPT, PRESETS, loss_fn
 from testbed.workload.options import Options
-
-from .conftest import spawner
+from tests.workload.conftest import spawner
 
 BASE = Options(steps=1, micro_batch=2, micro_batches=2, optimizer="sgd", lr=0.1, seed=11)
 

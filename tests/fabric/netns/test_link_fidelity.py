@@ -1,0 +1,69 @@
+"""Every DC pair's round trip against the one fidelity definition (testbed.runner.fidelity): its median within
+0.2 ms of the applied round trip plus the floor (the two DCs' own unshaped round trips, measured in the same run),
+through the userspace delay line, on links of 0.8 ms, 3 ms and 0 ms one way. The delay line measures its own path
+and aims that much early; a 0 ms link does not pass through it. (bench/link_fidelity.py holds the 0.05 ms target;
+this bound leaves room for a CI machine busy with other tests.)"""
+
+import json
+
+import pytest
+
+from tests.conftest import namespaces_with, run_cli
+
+pytestmark = pytest.mark.root
+
+CHAIN = """\
+name: fidelity-chain
+dcs:
+  - {name: a, nodes: 2}
+  - {name: b, nodes: 2}
+  - {name: c, nodes: 2}
+  - {name: d, nodes: 2}
+links:
+  - {between: [a, b], latency: 0.8ms, bandwidth: 1gbit}
+  - {between: [b, c], latency: 3ms, bandwidth: 1gbit}
+  - {between: [c, d], latency: 0ms, bandwidth: 1gbit}
+"""
+BOUND_MS = 0.2
+
+
+def test_every_pair_is_its_configured_round_trip_plus_the_floor(prefix, tmp_path):
+    path = tmp_path / "chain.yaml"
+    path.write_text(CHAIN)
+    proc = run_cli("probe", str(path), "--json", "--pings", "200", "--seconds", "0", "--shaper", "userspace-delay",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pairs = json.loads(proc.stdout)["pairs"]
+    assert namespaces_with(prefix) == []
+    one_way = {("a", "b"): 0.8, ("b", "c"): 3.0, ("c", "d"): 0.0}
+    assert len(pairs) == 12
+    for pair in pairs:
+        dcs = "abcd"
+        low, high = sorted((dcs.index(pair["src"]), dcs.index(pair["dst"])))
+        configured = 2 * sum(one_way[(dcs[i], dcs[i + 1])] for i in range(low, high))
+        assert pair["rtt_applied_ms"] == pytest.approx(configured) and pair["not_applied"] == ""
+        assert pair["rtt_floor_ms"] is not None and 0 < pair["rtt_floor_ms"] < 1.0, pair
+        assert pair["rtt_expected_ms"] == pytest.approx(configured + pair["rtt_floor_ms"])
+        assert abs(pair["rtt_p50_error_ms"]) <= BOUND_MS, pair
+        assert pair["delay_line_note"] == ""  # 0.8 ms and 3 ms are above what the delay line needs
+        if configured > 0:
+            assert pair["delay_line_residual_ms"] is not None
+
+
+def test_status_says_where_a_link_asks_for_less_than_the_delay_line_can_give(prefix, tmp_path):
+    """5 us one way is below the delay line's own reaction to a packet (tens of microseconds here): `status` shows
+    each direction's figures and names that link, where 3 ms is compensated without a note."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(CHAIN.replace("0.8ms", "0.005ms"))
+    run_cli("up", str(path), "--shaper", "userspace-delay", check=True)
+    run_cli("probe", "--pings", "50", "--seconds", "0", check=True)  # packets through every delay line
+    lines = json.loads(run_cli("status", "--json", check=True).stdout)["delay_lines"]
+    assert sorted(lines) == ["a->b", "b->a", "b->c", "c->b", "c->d", "d->c"]
+    for key in ("a->b", "b->a"):
+        assert lines[key]["packets"] > 0 and lines[key]["least_ms"] > 0.005
+        assert lines[key]["note"].startswith(f"{key}: 0.005 ms is below the delay line's own"), lines[key]
+    for key in ("b->c", "c->b"):
+        assert lines[key]["packets"] > 0 and lines[key]["note"] == "" and lines[key]["residual_ms"] is not None
+    assert lines["c->d"]["packets"] == 0  # 0 ms: no rule, its packets never pass through the delay line
+    table = run_cli("status", check=True).stdout
+    assert "userspace delay lines" in table and "not compensated" in table

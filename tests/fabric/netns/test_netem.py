@@ -1,0 +1,491 @@
+"""The kernel netem path, run for real inside user-mode Linux 6.1 (this host's kernel has no sch_netem).
+
+Bounds are looser than on the host: UML has one CPU and coarser timing (its probe p99 is several ms where the
+host's is sub-ms), so these tests prove that the netem path works, is changed in place and is removed; the
+host's benchmarks stay the fidelity reference. A silent fall-back to the userspace delay line fails them.
+
+Round trips are held against the configured ones net of what UML itself adds on the same route, measured in the
+same boot just before (route_round_trips_ms: the route's netem qdiscs held at 0 delay), and measured while the
+host runs UML's processes real-time (harness.host_realtime): each netem hop's timer needs the host to wake UML,
+and beside busy host processes those wake-ups came late, more so the more hops a path has (figures in
+host_realtime's docstring; the issue's failures: 1.82 ms beyond 20 ms on one hop, 5.27 ms beyond 50 ms, against
+UML's own unshaped round trip inside one DC). With 3-5 `python3 -c 'while True: pass'` beside on this 2-core host
+and other sessions' tests running (load 5-12, 2026-11-28), p50 minus own route minus configured, per probe pair
+and for the live-shaped 50 ms: real-time, eight runs, -0.38..+0.24 ms and -0.16..+0.24 ms; without it
+(TESTBED_UML_RT=0, one run), up to +1.10 ms (west->east) and +1.22 ms. UML's own round trips on the routes:
+0.30-0.87 ms. Goodput is not helped as much: one of those runs measured east->north 18 % under its rate (bound 10 %).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from testbed.fabric.lifecycle import attach
+from testbed.runner.probe import _run_agent, _Server
+from tests.conftest import ROOT, jittered_uniformly, namespaces_with, run_cli
+from tests.support.uml.harness import host_realtime
+
+pytestmark = [pytest.mark.uml, pytest.mark.root, pytest.mark.timeout(1800)]
+WITHOUT_LAB = pytest.mark.uml(boot="without-lab")  # tests that build their own: a second boot, beside the lab's
+
+THREE_DC = """
+name: three-netem
+dcs:
+  - {name: east, nodes: 2}   # east-1: the other end of an unshaped path, to measure UML's own round trip
+  - {name: west, nodes: 1}
+  - {name: north, nodes: 1}
+links:                       # east <-> north has no link: routed over west
+  - {between: [east, west], latency: 10ms, bandwidth: 200mbit}
+  - {between: [west, north], latency: 5ms, bandwidth: 100mbit, reverse: {latency: 8ms, bandwidth: 50mbit}}
+"""
+
+
+def rtt_bound_ms(configured_ms: float) -> float:
+    """How far the probe's RTT p50 may be from the configured RTT inside UML: max(5 %, 1.5 ms)."""
+    return max(0.05 * configured_ms, 1.5)
+
+
+def uml_round_trip_ms(testbed) -> float:
+    """The probe's round trip over an unshaped path inside one DC (east-0 -> east-1): what UML's one slow CPU
+    adds to every round trip (ptrace'd Python endpoints; ~1 ms here, more while the host is busy), taken off
+    before a measured RTT is held against the configured one. On the host this is ~0.1 ms."""
+    return statistics.median(pings(testbed, "east-0", "east-1", 100, 0.01)["rtts"]) * 1e3
+
+
+SHAPED_KEYS = ("east->west", "west->east", "west->north", "north->west")
+
+
+def route_round_trips_ms(prefix: str, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """The probe's round trip (p50 of 100) between node 0 of each pair of DCs over its own route, with every netem
+    qdisc of the testbed held at 0 delay, no jitter, no loss (the same qdiscs, gateways and ptrace'd endpoints: what
+    UML adds on that route), then every link end put back as it was."""
+    testbed = attach(prefix)
+    saved = {key: testbed.plan.link_end(key).shaping.params for key in SHAPED_KEYS}
+    try:
+        for key in SHAPED_KEYS:
+            testbed.change(key, latency=0.0, jitter=0.0, loss=0.0)
+        return {(src, dst): statistics.median(pings(attach(prefix), f"{src}-0", f"{dst}-0", 100, 0.01)["rtts"]) * 1e3
+                for src, dst in pairs}
+    finally:
+        for key, params in saved.items():
+            testbed.shape(key, params)
+
+
+def tc(namespace: str, *args: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", namespace, "tc", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def netem_line(namespace: str, dev: str) -> str:
+    lines = [line for line in tc(namespace, "-s", "qdisc", "show", "dev", dev).splitlines() if " netem " in line]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def qdisc_sent_bytes(namespace: str, dev: str) -> int:
+    """Bytes the netem qdisc on `dev` has sent since it was created (a rebuilt qdisc starts again at 0)."""
+    out = tc(namespace, "-s", "qdisc", "show", "dev", dev).splitlines()
+    for index, line in enumerate(out):
+        if " netem " in line:
+            return int(out[index + 1].split()[1])
+    raise AssertionError(f"no netem qdisc on {namespace}/{dev}")
+
+
+def reshape(prefix: str, one_way: bool = False, **params: float) -> None:
+    """`testbed shape east west` done in this process: each CLI call costs 3-5 s inside UML (its imports), and
+    test_live_shape_changes_the_qdisc_in_place_and_the_probe_sees_it tests the command itself."""
+    testbed = attach(prefix)
+    for key in ("east->west",) if one_way else ("east->west", "west->east"):
+        testbed.change(key, **params)
+
+
+def pings(testbed, src: str, dst: str, count: int, interval: float) -> dict:
+    target = testbed.plan.node(dst)
+    with _Server(testbed.fabric, dst):
+        return _run_agent(testbed.fabric, src, ["rtt", target.address, "--port", "5201", "--count", str(count),
+                                                "--interval", str(interval)], timeout=300)
+
+
+@dataclass(frozen=True)
+class Lab:
+    prefix: str
+    state_dir: Path
+    up_output: str
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """The 3-DC topology brought up once for the module with `--shaper auto` (bring-ups are slow in UML)."""
+    from testbed.fabric.lifecycle import tear_down
+
+    base = tmp_path_factory.mktemp("three-dc")
+    (base / "three.yaml").write_text(THREE_DC)
+    with pytest.MonkeyPatch.context() as env:
+        prefix = f"tb-{uuid.uuid4().hex[:4]}-"
+        env.setenv("TESTBED_PREFIX", prefix)
+        env.setenv("TESTBED_STATE_DIR", str(base / "state"))
+        up = run_cli("up", str(base / "three.yaml"), timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        try:
+            yield Lab(prefix, base / "state", up.stdout)
+        finally:
+            run_cli("down")
+            tear_down(prefix)
+
+
+@pytest.fixture
+def three_dc(lab, monkeypatch):
+    """The module's testbed for one test; its east <-> west link is put back as the topology sets it after."""
+    monkeypatch.setenv("TESTBED_PREFIX", lab.prefix)
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(lab.state_dir))
+    yield lab
+    reshape(lab.prefix, latency=0.010, bandwidth=200e6, jitter=0.0, loss=0.0)
+
+
+def test_auto_picks_netem_and_status_names_it_on_every_inter_dc_end(three_dc):
+    prefix = three_dc.prefix
+    assert "shaper netem" in three_dc.up_output
+    info = json.loads(run_cli("status", "--json", check=True).stdout)
+    assert info["shaper"] == "netem"
+    inter = [link for link in info["links"] if link["kind"] == "inter-dc"]
+    assert len(inter) == 4
+    for link in inter:
+        assert link["shaper"] == "netem" and link["mechanism"] == "htb+netem", link
+    assert not list(three_dc.state_dir.glob("*.delayline.*"))  # no userspace delay line was started
+    line = netem_line(f"{prefix}west-gw", "to-north")
+    assert "delay 5ms" in line and "rate 100Mbit" in line, line
+    assert "delay 8ms" in netem_line(f"{prefix}north-gw", "to-west")
+
+
+def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three_dc):
+    """Each pair's RTT p50 net of UML's own round trip on that route (1 netem hop each way east-west and
+    west-north, 2 east-north), measured in this boot: see the module's docstring. The round trips are measured with
+    the host running UML real-time, the flows without: SCHED_RR shares a CPU among UML's processes in 100 ms
+    quanta, which stalls a TCP flow (east->north's goodput read 18 % under its rate on a quiet host, load 1.1)."""
+    prefix = three_dc.prefix
+    expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
+    with host_realtime() as realtime:
+        own = route_round_trips_ms(prefix, list(expected_rtt))
+        proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "0", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    flows = run_cli("probe", "--json", "--pings", "5", "--seconds", "3s", timeout=600)
+    assert flows.returncode == 0, flows.stderr
+    goodput = {(p["src"], p["dst"]): p["goodput_error"] for p in json.loads(flows.stdout)["pairs"]}
+    pairs = {(p["src"], p["dst"]): {**p, "goodput_error": goodput[(p["src"], p["dst"])]}
+             for p in json.loads(proc.stdout)["pairs"]}
+    assert len(pairs) == 6 and all(0 <= ms < 5 for ms in own.values()), own
+    expected_rate = {("east", "west"): 200, ("west", "east"): 200, ("west", "north"): 100,
+                     ("north", "west"): 50, ("east", "north"): 100, ("north", "east"): 50}
+    for (src, dst), pair in pairs.items():
+        route = (src, dst) if (src, dst) in expected_rtt else (dst, src)
+        rtt, overhead = expected_rtt[route], own[route]
+        assert pair["shaper"] == "netem" and pair["not_applied"] == "", pair
+        assert pair["rtt_configured_ms"] == pytest.approx(rtt)
+        assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, realtime, pair)
+        assert pair["rate_configured_mbps"] == pytest.approx(expected_rate[(src, dst)])
+        assert abs(pair["goodput_error"]) <= 0.10, pair
+    print(f"host real-time {realtime}; UML's own round trips, ms: {own};",  # for the record
+          json.dumps(list(pairs.values()), indent=1))
+
+
+def test_jitter_and_loss_follow_their_laws(three_dc):
+    """Jitter adds a uniform delay in [-j, +j] to each packet's one-way time. UML's own timing noise (it has heavy
+    tails while the host is busy, e.g. with a second UML kernel beside it) is measured on the same link first; the
+    jittered round trips must then spread as that noise plus the uniform law (their convolution), at the 10-90 %
+    and 25-75 % spreads. Quantiles, not the standard deviation, so that a few stalls of UML's one CPU do not decide
+    the test. (Subtracting the quiet spread from the jittered one, as before, over-corrects: spreads of independent
+    delays do not add; with 3.3 ms of noise it read 12.4 ms for a law of 16 ms.)"""
+    prefix = three_dc.prefix
+    jitter = 0.010
+    reshape(prefix, one_way=True, latency=0.030)
+    quiet = sorted(pings(attach(prefix), "east-0", "west-0", 300, 0.025)["rtts"])
+    reshape(prefix, one_way=True, jitter=jitter)
+    # 25 ms apart: packets never catch up with each other, so FIFO order does not bend the law
+    rtts = sorted(pings(attach(prefix), "east-0", "west-0", 400, 0.025)["rtts"])
+    law = jittered_uniformly(quiet, jitter)
+
+    def spread(values: list[float], low: float) -> float:
+        return values[int(len(values) * (1 - low))] - values[int(len(values) * low)]
+
+    print("10-90 % spreads, ms: quiet, jittered, law", *(round(spread(v, 0.1) * 1e3, 2) for v in (quiet, rtts, law)))  # record
+    for low, noiseless in ((0.1, 0.8), (0.25, 0.5)):
+        # the law with no noise at all is noiseless x 2 j: a missing or doubled jitter is far outside 20 %
+        assert spread(law, low) >= noiseless * 2 * jitter * 0.98
+        assert spread(rtts, low) == pytest.approx(spread(law, low), rel=0.2), (low, spread(quiet, low))
+    assert rtts[len(rtts) // 100] >= 0.030 - 0.0005  # 20..40 ms one way + 10 ms back
+    assert statistics.median(rtts) - statistics.median(quiet) == pytest.approx(0.0, abs=0.0025)
+
+    reshape(prefix, one_way=True, latency=0.010, jitter=0.0, loss=0.02)
+    result = pings(attach(prefix), "east-0", "west-0", 3000, 0.002)
+    measured = 1 - result["received"] / result["sent"]
+    assert 0.010 <= measured <= 0.032, measured  # binomial: 2 % of 3000 has a standard deviation of 0.26 %
+
+
+def test_live_shape_changes_the_qdisc_in_place_and_the_probe_sees_it(three_dc):
+    prefix = three_dc.prefix
+    gateway = f"{prefix}east-gw"
+    testbed = attach(prefix)
+    pings(testbed, "east-0", "west-0", 50, 0.005)
+    sent_before = qdisc_sent_bytes(gateway, "to-west")
+    assert sent_before > 0
+    shaped = run_cli("shape", "east", "west", "--latency", "25ms", "--bandwidth", "80mbit", "--jitter", "1ms",
+                     "--loss", "0.5%")
+    assert shaped.returncode == 0, shaped.stderr
+    line = netem_line(gateway, "to-west")
+    for part in ("delay 25ms", "1ms", "loss 0.5%", "rate 80Mbit"):
+        assert part in line, line
+    assert "rate 80Mbit" in tc(gateway, "class", "show", "dev", "to-west")
+    assert qdisc_sent_bytes(gateway, "to-west") >= sent_before  # the same qdisc: `tc change`, not a rebuild
+    with host_realtime() as realtime:  # the p50 net of UML's own round trip on this route: the module's docstring
+        overhead = route_round_trips_ms(prefix, [("east", "west")])[("east", "west")]
+        rtts = pings(attach(prefix), "east-0", "west-0", 200, 0.005)["rtts"]
+    off = statistics.median(rtts) * 1e3 - overhead - 50
+    print(f"host real-time {realtime}; UML's own round trip {overhead:.2f} ms; p50 {off:+.2f} ms off 50 ms")  # record
+    assert abs(off) <= rtt_bound_ms(50), (overhead, realtime)
+    info = json.loads(run_cli("status", "--json", check=True).stdout)
+    link = next(link for link in info["links"] if link["key"] == "east->west")
+    assert link["latency"] == "25ms" and link["bandwidth"] == "80mbit" and link["mechanism"] == "htb+netem"
+
+
+def test_a_partition_is_netem_loss_on_both_ends_and_clear_restores_the_same_qdisc(three_dc):
+    """`testbed fault` on netem: 100 % loss on both link ends (tc change, not a rebuild), nothing gets through;
+    after SIGKILL of the command the partition stays, and `fault --clear` restores the link from the state file."""
+    prefix = three_dc.prefix
+    ends = [(f"{prefix}east-gw", "to-west"), (f"{prefix}west-gw", "to-east")]
+    pings(attach(prefix), "east-0", "west-0", 20, 0.005)
+    sent_before = [qdisc_sent_bytes(*end) for end in ends]
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "fault", "partition", "east", "west", "--for",
+                             "300s"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not all("loss 100%" in netem_line(*end) for end in ends):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    dark = pings(attach(prefix), "east-0", "west-0", 20, 0.01)
+    assert dark["received"] == 0
+    run_cli("fault", "--clear", check=True)
+    for end, before in zip(ends, sent_before):
+        line = netem_line(*end)
+        assert "loss" not in line and "delay 10ms" in line, line
+        assert qdisc_sent_bytes(*end) >= before  # changed in place both ways
+    light = pings(attach(prefix), "east-0", "west-0", 50, 0.01)
+    assert light["received"] == 50
+
+
+def test_every_link_fault_kind_is_netem_on_both_ends_on_schedule_and_cleared(three_dc):
+    """Issue 16's link faults on netem as the runner applies a timeline (its FaultDriver, in this process: each CLI
+    call costs 3-5 s in UML): on east <-> west a latency rise, a loss burst, a bandwidth cut and a flap, one after
+    the other. A look inside each window finds both ends' netem qdiscs carrying it (a flap: 100 % loss in its down
+    windows, none between them); each is applied and cleared within 0.25 s of its schedule, and the link ends as
+    configured, its qdiscs changed in place. (Before the fault thread kept a netlink socket in each namespace,
+    every change opened two, 1 s each in UML: a fault came 1.5-2 s late there, 12 ms on the host.)"""
+    from testbed.runner.faults import FaultDriver
+    from testbed.spec.faults import Fault
+    from testbed.spec.loader import validate_data
+
+    prefix = three_dc.prefix
+    ends = [(f"{prefix}east-gw", "to-west"), (f"{prefix}west-gw", "to-east")]
+    sent_before = [qdisc_sent_bytes(*end) for end in ends]
+    link = {"between": ["east", "west"]}
+    timeline = [{"kind": "latency", **link, "at": "0.5s", "duration": "2s", "latency": "40ms", "jitter": "2ms"},
+                {"kind": "loss-burst", **link, "at": "3s", "duration": "2s", "loss": "20%"},
+                {"kind": "bandwidth", **link, "at": "5.5s", "duration": "2s", "bandwidth": "10mbit"},
+                {"kind": "flap", **link, "at": "8s", "duration": "8s", "period": "4s", "down": "2s"}]
+    faults = [validate_data(Fault, data, "timeline") for data in timeline]
+    looks = [("latency", 0.5, lambda line: "delay 40ms" in line and "2ms" in line),
+             ("loss-burst", 3.0, lambda line: "loss 20%" in line),
+             ("bandwidth", 5.5, lambda line: "rate 10Mbit" in line)]
+    looks += [(f"flap down {k}", 8.0 + 4 * k, lambda line: "loss 100%" in line) for k in range(2)]
+    looks += [(f"flap up {k}", 10.0 + 4 * k, lambda line: "loss" not in line) for k in range(2)]
+    testbed = attach(prefix)
+    # UML pays for the first touch of each page of code and data a change uses (the first change of a process took
+    # 2.7 s there, the next 0.02 s; on the host 5 ms and 2 ms, measured 2026-11-25): one change and its clear first
+    testbed.apply_fault("warm-up", {key: dataclasses.replace(testbed.plan.link_end(key).shaping.params, loss=0.001)
+                                    for key in ("east->west", "west->east")})
+    testbed.clear_fault("warm-up")
+    # the clock starts 10 s from now: start() collects the heap and opens the namespaces' netlink sockets, and the
+    # fault thread its own (pyroute2 keeps one per thread), 1 s each in UML (from 5 s, the first fault came up to 2 s
+    # late: the thread was still opening them)
+    driver = FaultDriver(testbed, faults, "uml", 0, None, None, zero=time.time() + 10.0)
+    seen: dict[str, list[str]] = {}
+    taken: dict[str, tuple[float, float]] = {}  # when each look began and ended, seconds from the clock's zero
+    try:
+        driver.start()
+        for name, begin, _ in sorted(looks, key=lambda look: look[1]):
+            time.sleep(max(0.0, begin + 0.5 - (time.time() - driver.zero)))  # 0.25 s late at most, then a look
+            looked = time.time() - driver.zero
+            seen[name] = [netem_line(*end) for end in ends]  # a `tc` process each (slow in a busy UML)
+            taken[name] = (round(looked, 2), round(time.time() - driver.zero, 2))
+        driver.wait(timeout=30)
+    finally:
+        record = driver.stop()
+    assert not record["errors"], record["errors"]
+    windows = record["faults"]
+    when = [(w["kind"], w["applied_at"] and round(w["applied_at"], 2), w["cleared_at"] and round(w["cleared_at"], 2))
+            for w in windows]  # on the clock of the looks
+    for name, _, carries in looks:
+        assert all(carries(line) for line in seen[name]), (name, taken[name], when, seen[name])
+    assert [w["kind"] for w in windows] == ["latency", "loss-burst", "bandwidth", "flap", "flap"]
+    for window in windows:
+        assert 0 <= window["applied_at"] - window["scheduled_at"] <= 0.25, window
+        assert 0 <= window["cleared_at"] - window["clear_scheduled_at"] <= 0.25, window
+    for end, before in zip(ends, sent_before):
+        line = netem_line(*end)
+        assert "delay 10ms" in line and "loss" not in line and "rate 200Mbit" in line, line
+        assert qdisc_sent_bytes(*end) >= before  # changed in place throughout, never rebuilt
+
+
+def test_kernel_counters_move_with_traffic(three_dc):
+    prefix = three_dc.prefix
+    testbed = attach(prefix)
+    before = testbed.fabric.counters()
+    pings(testbed, "east-0", "north-0", 100, 0.002)
+    after = testbed.fabric.counters()
+    for key in ("east->west", "west->north", "north->west", "west->east"):  # east -> north is routed over west
+        assert after[key].tx_packets - before[key].tx_packets >= 100, key
+        assert after[key].tx_bytes > before[key].tx_bytes
+    assert after["west->north"].qdisc_drops == before["west->north"].qdisc_drops
+
+
+@WITHOUT_LAB
+def test_down_and_clean_after_sigkill_leave_no_namespace_or_qdisc(prefix, state_dir, tmp_path):
+    path = tmp_path / "three.yaml"
+    path.write_text(THREE_DC)
+    qdiscs_before = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    run_cli("up", str(path), "--shaper", "netem", check=True, timeout=300)
+    assert run_cli("down").returncode == 0
+    assert namespaces_with(prefix) == []
+
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "up", str(path), "--shaper", "netem"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # kill it in the middle of shaping
+        if line.startswith("shaping"):
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert namespaces_with(prefix), "the killed up should have left a half-built testbed for clean to find"
+    clean = run_cli("clean")
+    assert clean.returncode == 0, clean.stderr
+    assert namespaces_with(prefix) == []
+    assert subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout == qdiscs_before
+    assert not list(state_dir.glob("*"))  # no state file, no delay-line file
+
+
+@WITHOUT_LAB
+def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_path):
+    """The router agent's code in a namespace standing in for a container (no dockerd needed)."""
+    from pyroute2 import NetNS, netns
+
+    from testbed.agents.bootstrap import argv_in
+    from testbed.plan.containers import ROUTER_ENV, ROUTER_READY, build_containers_plan
+    from testbed.spec.topology import topology_from_data
+
+    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                                   "links": [{"between": ["east", "west"], "latency": "7ms", "bandwidth": "300mbit",
+                                              "reverse": {"latency": "9ms"}}]})
+    plan = build_containers_plan(topology, "auto", prefix)
+    router = next(c for c in plan.routers() if c.dc == "east")
+    config = json.loads(router.environment[ROUTER_ENV])
+    ns = f"{prefix}router"
+    netns.create(ns)
+    proc = None
+    try:
+        with NetNS(ns) as handle:  # one interface per network, named as docker would, addressed as planned
+            for index, attachment in enumerate(router.attachments):
+                network = next(n for n in plan.networks if n.name == attachment.network)
+                handle.link("add", ifname=f"eth{index}", kind="veth", peer=f"peer{index}")
+                link = handle.link_lookup(ifname=f"eth{index}")[0]
+                handle.addr("add", index=link, address=attachment.address, prefixlen=int(network.subnet.split("/")[1]))
+                handle.link("set", index=link, state="up")
+                handle.link("set", index=handle.link_lookup(ifname=f"peer{index}")[0], state="up")
+        env = {**os.environ, ROUTER_ENV: json.dumps(config), "TESTBED_STATE_DIR": str(tmp_path / "router-state")}
+        proc = subprocess.Popen(argv_in(ns, [sys.executable, "-m", "testbed.agents.router", "serve"]), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ROUTER_READY):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.1)
+        state = json.loads(open("/run/testbed/router.json").read())
+        assert state["shaper"] == "netem" and state["delay_line"] is None
+        line = netem_line(ns, "to-west")
+        assert "delay 7ms" in line and "rate 300Mbit" in line, line
+        assert "rate 300Mbit" in tc(ns, "class", "show", "dev", "to-west")
+
+        def router(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(argv_in(ns, [sys.executable, "-m", "testbed.agents.router", *args]),
+                                  env=env, capture_output=True, text=True, timeout=120)
+
+        changed = router("shape", "east->west", json.dumps({"latency": 0.012, "bandwidth": 1e8, "jitter": 0.0,
+                                                             "loss": 0.01, "queue": None}))
+        assert changed.returncode == 0, changed.stderr
+        line = netem_line(ns, "to-west")
+        assert "delay 12ms" in line and "loss 1%" in line and "rate 100Mbit" in line, line
+        counters = router("counters")
+        assert counters.returncode == 0 and "east->west" in json.loads(counters.stdout)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+            assert code == 0, proc.stdout.read() if proc.stdout else code
+        netns.remove(ns)
+        for path in ("/run/testbed/router.json", ROUTER_READY):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+@WITHOUT_LAB
+def test_the_ssh_backend_netem_commands_run_against_a_real_tc(prefix):
+    """The host plan's argv lists (what `up --backend ssh` runs on each host) on an interface here."""
+    from pyroute2 import NetNS, netns
+
+    from testbed.plan.hosts import ROOT_HANDLE, build_hosts_plan, class_commands
+    from testbed.spec.inventory import Inventory
+    from testbed.spec.link import LinkParams
+    from testbed.spec.topology import topology_from_data
+
+    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
+                                   "links": [{"between": ["east", "west"], "latency": "6ms", "bandwidth": "400mbit",
+                                              "jitter": "1ms", "loss": "0.1%"}]})
+    host = {"user": "root", "key": "/nonexistent", "interface": "wan0"}
+    inventory = Inventory(dcs={"east": [{"name": "e0", "address": "198.18.0.2", **host}],
+                               "west": [{"name": "w0", "address": "198.18.1.2", **host}]})
+    plan = build_hosts_plan(topology, inventory, "netem", prefix)
+    east = plan.host("e0")
+    ns = f"{prefix}host"
+    netns.create(ns)
+    try:
+        with NetNS(ns) as handle:
+            handle.link("add", ifname="wan0", kind="veth", peer="wan1")
+            handle.link("set", index=handle.link_lookup(ifname="wan0")[0], state="up")
+        for argv in east.apply:
+            done = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True)
+            assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr}"
+        line = netem_line(ns, "wan0")
+        for part in ("delay 6ms", "1ms", "loss 0.1%", "rate 400Mbit", "limit"):
+            assert part in line, line
+        assert f"qdisc htb {ROOT_HANDLE}" in tc(ns, "qdisc", "show", "dev", "wan0")
+        classid = east.classes["west"]
+        for argv in class_commands("wan0", classid, LinkParams(latency=0.015, bandwidth=1e8), "netem", verb="change"):
+            done = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True)
+            assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr}"
+        line = netem_line(ns, "wan0")
+        assert "delay 15ms" in line and "rate 100Mbit" in line and "loss" not in line, line
+        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "wan0", "root", "handle", ROOT_HANDLE],
+                       check=True)
+        assert "htb" not in tc(ns, "qdisc", "show", "dev", "wan0")
+    finally:
+        netns.remove(ns)

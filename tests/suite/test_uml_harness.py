@@ -1,0 +1,78 @@
+"""tests/support/uml/harness.py's choices made before a boot (no UML): where the kernel keeps its memory, what it
+binds back over its tmpfs mounts, which labs of killed runs the sweep removes (tests/support/uml/reaper.py), and how the host
+answers a guest's ask for real-time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.uml import harness, reaper
+
+
+def test_uml_keeps_its_memory_in_dev_shm_where_it_can_and_on_disk_where_it_cannot(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    monkeypatch.setattr(harness, "SHM", tmp_path)  # writable and executable: used
+    assert harness.memory_dir(work) == tmp_path
+    monkeypatch.setattr(harness, "SHM", tmp_path / "absent")
+    assert harness.memory_dir(work) == work
+    monkeypatch.setenv("TMP", "/elsewhere")  # UML reads TMP before TMPDIR: it must not win
+    monkeypatch.setattr(harness, "SHM", tmp_path)
+    env = harness._kernel_env(work)
+    assert env["TMPDIR"] == str(tmp_path) and "TMP" not in env and "TEMP" not in env
+
+
+def test_a_checkout_under_tmp_is_bound_back_at_its_own_path(tmp_path, monkeypatch):
+    """UML covers /tmp, /run and /dev/shm with tmpfs: what the command needs there is bound back (spaces kept)."""
+    checkout = Path("/tmp/a b/check out")
+    monkeypatch.setattr(harness, "CHECKOUT", checkout)
+    assert harness.kept_visible(checkout / "tests") == [checkout]  # the checkout holds the cwd: one bind
+    monkeypatch.setattr(harness, "CHECKOUT", Path("/work/main"))
+    assert harness.kept_visible(Path("/work/main")) == []
+    before, after = harness.bind_lines([checkout], tmp_path)
+    assert before == f"mount --bind /tmp {tmp_path}/host-0" and (tmp_path / "host-0").is_dir()
+    assert after == (f"mkdir -p '/tmp/a b/check out' && mount --bind '{tmp_path}/host-0/a b/check out' "
+                     "'/tmp/a b/check out'")
+
+
+def test_the_sweep_removes_the_labs_of_owners_gone_and_keeps_the_others(tmp_path, monkeypatch):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    labs = {name: tmp_path / f"{reaper.LAB_PREFIX}{name}" for name in ("dead", "alive", "unowned-young", "unowned-old")}
+    for lab in labs.values():
+        lab.mkdir()
+    reaper.claim(labs["alive"])
+    (labs["dead"] / reaper.OWNER).write_text(f"{dead.pid} 1\n")
+    old = time.time() - reaper.UNOWNED_GRACE_S - 5
+    os.utime(labs["unowned-old"], (old, old))
+    assert reaper.sweep(tmp_path) == [labs["dead"], labs["unowned-old"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [labs["alive"].name, labs["unowned-young"].name]
+
+
+@pytest.mark.root  # SCHED_RR needs CAP_SYS_NICE
+def test_what_the_guest_asks_the_host_runs_real_time_and_back(tmp_path):
+    """harness.host_realtime() inside asks through a file in the lab; the boot's loop on the host answers for every
+    process naming the lab (here a sleeper standing in for UML's kernel)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"uml_dir={tmp_path}"])
+    try:
+        # until the child has exec'd, /proc shows the parent's command line and the host finds nothing to answer for
+        deadline = time.monotonic() + 30
+        while reaper.processes_of(tmp_path) != [sleeper.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert harness._answer_realtime(tmp_path, False) is False  # nothing asked: nothing changes
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
+        (tmp_path / harness.REALTIME_ASKED).write_text("1\n")
+        assert harness._answer_realtime(tmp_path, False) is True
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_RR and (tmp_path / harness.REALTIME_GIVEN).exists()
+        (tmp_path / harness.REALTIME_ASKED).unlink()
+        assert harness._answer_realtime(tmp_path, True) is False
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
+        assert not (tmp_path / harness.REALTIME_GIVEN).exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
