@@ -5,7 +5,9 @@ unknown name's error lists the registered ones. A new backend (a Kubernetes one,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator, Mapping
 
 from testbed.fabric.errors import FabricError
 
@@ -21,6 +23,27 @@ DEFAULT = "netns"
 def register(name: str, target: str) -> None:
     """Add a backend: `target` is "package.module:Class" (imported when the name is first asked for)."""
     _BACKENDS[name] = target
+
+
+@contextlib.contextmanager
+def registered(backends: Mapping[str, str], *, only: bool = False) -> Iterator[None]:
+    """`backends` (name -> "package.module:Class") registered for a `with` block, alone when `only` (the others
+    hidden), and the registry put back as it was after, whatever was registered meanwhile: how a test (or a backend
+    being tried out) adds one without leaving it behind."""
+    saved = dict(_BACKENDS)
+    if only:
+        _BACKENDS.clear()
+    _BACKENDS.update(backends)
+    try:
+        yield
+    finally:
+        _BACKENDS.clear()
+        _BACKENDS.update(saved)
+
+
+def targets() -> dict[str, str]:
+    """Every registered name and its "package.module:Class", in registration order (a copy)."""
+    return dict(_BACKENDS)
 
 
 def names() -> tuple[str, ...]:

@@ -30,10 +30,11 @@ BASE = LinkParams(latency=0.005, bandwidth=1e9)
 
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch, state_dir):
-    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.support.fake_backend:FakeBackend"})
     # the fake testbeds are brought up and never torn down: their lock files stay beside their state, not the host's
     monkeypatch.setenv(settings.OWNERS_DIR, str(state_dir.parent / "owners"))
     LOG.clear()
+    with registry.registered({"fake": "tests.support.fake_backend:FakeBackend"}, only=True):
+        yield
 
 
 @pytest.fixture

@@ -22,15 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                "links": [{"between": ["east", "west"], "latency": "5ms"}]})
 PREFIX = "tbl-"
-REAL = dict(registry._BACKENDS)
+REAL = registry.targets()  # as registered when this module was imported
 
 
 @pytest.fixture(autouse=True)
-def fakes(monkeypatch, state_dir):
+def fakes(state_dir):
     """Only the fake backends are registered (the real ones would look for namespaces and an engine)."""
-    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.support.fake_backend:FakeBackend",
-                                                "other": "tests.support.fake_backend:OtherBackend"})
     LOG.clear()
+    with registry.registered({"fake": "tests.support.fake_backend:FakeBackend",
+                              "other": "tests.support.fake_backend:OtherBackend"}, only=True):
+        yield
+
+
+@pytest.fixture
+def real():
+    """The real backends registered instead of the fakes, for one test."""
+    with registry.registered(REAL, only=True):
+        yield
 
 
 def test_a_name_is_turned_into_its_class_and_an_unknown_one_lists_the_registered():
@@ -42,8 +50,18 @@ def test_a_name_is_turned_into_its_class_and_an_unknown_one_lists_the_registered
         registry.get("misnamed")
 
 
-def test_the_real_backends_are_registered_under_their_own_names(monkeypatch):
-    monkeypatch.setattr(registry, "_BACKENDS", REAL)
+def test_a_backend_registered_for_a_block_is_gone_after_it_whatever_was_registered_meanwhile():
+    before = registry.targets()
+    with registry.registered({"third": "tests.support.fake_backend:FakeBackend"}):
+        assert registry.names() == ("fake", "other", "third")
+        registry.register("misnamed", "tests.support.fake_backend:Misnamed")
+    assert registry.targets() == before
+    with registry.registered({"third": "tests.support.fake_backend:FakeBackend"}, only=True):
+        assert registry.names() == ("third",)
+    assert registry.targets() == before
+
+
+def test_the_real_backends_are_registered_under_their_own_names(real):
     assert registry.names() == ("netns", "docker", "ssh")
     assert [backend.name for backend in registry.backends()] == ["netns", "docker", "ssh"]
 
@@ -56,8 +74,7 @@ def test_an_option_of_another_backend_is_one_line_naming_who_takes_it():
         lifecycle.backend_options("fake", {"size": "many"})
 
 
-def test_the_real_backends_options(monkeypatch):
-    monkeypatch.setattr(registry, "_BACKENDS", REAL)
+def test_the_real_backends_options(real, monkeypatch):
     with pytest.raises(FabricError, match=r"^--backend ssh needs --inventory FILE$"):
         lifecycle.backend_options("ssh", {})
     with pytest.raises(FabricError, match=r"^--adopt is for --backend docker, not netns$"):
@@ -126,9 +143,8 @@ def test_attach_rebuilds_the_testbed_from_its_state_with_live_changes():
         lifecycle.attach(PREFIX)
 
 
-def test_no_backend_name_is_compared_outside_the_registry(monkeypatch):
+def test_no_backend_name_is_compared_outside_the_registry(real):
     """A caller that asks which backend it has (== "docker", in ("netns", ...)) instead of asking the backend."""
-    monkeypatch.setattr(registry, "_BACKENDS", REAL)
     names = set(registry.names())
     found = []
     for path in sorted((ROOT / "testbed").rglob("*.py")):

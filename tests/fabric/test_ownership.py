@@ -46,10 +46,10 @@ if how != "orphan":
 def fakes(monkeypatch, state_dir, tmp_path):
     """The fake backends only, and lock files of this test's own (the host's are for real testbeds)."""
     monkeypatch.setenv(ownership.OWNERS_DIR_ENV, str(tmp_path / "owners"))
-    monkeypatch.setattr(registry, "_BACKENDS", {"fake": "tests.support.fake_backend:FakeBackend",
-                                                "other": "tests.support.fake_backend:OtherBackend"})
     LOG.clear()
-    yield
+    with registry.registered({"fake": "tests.support.fake_backend:FakeBackend",
+                              "other": "tests.support.fake_backend:OtherBackend"}, only=True):
+        yield
     for path in list(ownership._held):  # what this process still holds (bring_up without tear_down)
         os.close(ownership._held.pop(path))
 
@@ -158,7 +158,7 @@ def test_a_testbed_brought_up_by_a_process_that_ended_is_taken_down_from_another
     """`testbed up` then `testbed down`: the up's process has ended, so its testbed is nobody's."""
     script = ("from testbed.fabric import lifecycle, registry\n"
               "from tests.fabric.test_ownership import TOPOLOGY, PREFIX\n"
-              "registry._BACKENDS.update({'fake': 'tests.support.fake_backend:FakeBackend'})\n"
+              "registry.register('fake', 'tests.support.fake_backend:FakeBackend')\n"
               "lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend='fake')\n")
     up = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
