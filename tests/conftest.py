@@ -16,7 +16,7 @@ import pytest
 
 from tests.needs import CAPABILITIES, cannot_run, fail_if_ci_must_run, missing
 
-pytest_plugins = ["tests.support.uml.plugin"]
+pytest_plugins = ["tests.support.uml.plugin", "tests.support.fakes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGIES = ROOT / "topologies"

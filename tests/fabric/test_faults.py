@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from testbed import settings
-from testbed.fabric import lifecycle, registry
+from testbed.fabric import lifecycle
 from testbed.fabric import state as state_store
 from testbed.fabric.errors import NotSupported
 from testbed.runner.faults import FaultDriver, step_starts
@@ -25,16 +24,10 @@ from tests.support.fake_backend import LOG, FakeFabric
 TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
 PREFIX = "tbf-"
+# the fake backends only; the fake testbeds are brought up and never torn down: their lock files stay beside their
+# state, not the host's (tests/support/fakes.py)
+pytestmark = pytest.mark.usefixtures("fakes")
 BASE = LinkParams(latency=0.005, bandwidth=1e9)
-
-
-@pytest.fixture(autouse=True)
-def fakes(monkeypatch, state_dir):
-    # the fake testbeds are brought up and never torn down: their lock files stay beside their state, not the host's
-    monkeypatch.setenv(settings.OWNERS_DIR, str(state_dir.parent / "owners"))
-    LOG.clear()
-    with registry.registered({"fake": "tests.support.fake_backend:FakeBackend"}, only=True):
-        yield
 
 
 @pytest.fixture

@@ -23,15 +23,7 @@ TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 
                                "links": [{"between": ["east", "west"], "latency": "5ms"}]})
 PREFIX = "tbl-"
 REAL = registry.targets()  # as registered when this module was imported
-
-
-@pytest.fixture(autouse=True)
-def fakes(state_dir):
-    """Only the fake backends are registered (the real ones would look for namespaces and an engine)."""
-    LOG.clear()
-    with registry.registered({"fake": "tests.support.fake_backend:FakeBackend",
-                              "other": "tests.support.fake_backend:OtherBackend"}, only=True):
-        yield
+pytestmark = pytest.mark.usefixtures("fakes")  # only the fake backends (tests/support/fakes.py)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from testbed.fabric import lifecycle, ownership, registry
+from testbed.fabric import lifecycle, ownership
 from testbed.fabric import state as state_store
 from testbed.fabric.ownership import HeldElsewhere
 from testbed.spec.topology import topology_from_data
@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                "links": [{"between": ["east", "west"], "latency": "5ms"}]})
 PREFIX = "tbo-"
+pytestmark = pytest.mark.usefixtures("fakes")  # the fake backends only, lock files of the test's own
 
 HOLD = """
 import os, sys, time
@@ -40,18 +41,6 @@ print(prefix, flush=True)
 if how != "orphan":
     time.sleep(60)
 """
-
-
-@pytest.fixture(autouse=True)
-def fakes(monkeypatch, state_dir, tmp_path):
-    """The fake backends only, and lock files of this test's own (the host's are for real testbeds)."""
-    monkeypatch.setenv(ownership.OWNERS_DIR_ENV, str(tmp_path / "owners"))
-    LOG.clear()
-    with registry.registered({"fake": "tests.support.fake_backend:FakeBackend",
-                              "other": "tests.support.fake_backend:OtherBackend"}, only=True):
-        yield
-    for path in list(ownership._held):  # what this process still holds (bring_up without tear_down)
-        os.close(ownership._held.pop(path))
 
 
 @pytest.fixture
