@@ -1,17 +1,23 @@
 """What every backend package exports: one class naming the backend, its command-line options (a model), how it
 plans a topology, makes a fabric and cleans up after itself (Kathará's IManager: one abstract interface, one
 package per backend). testbed.fabric.lifecycle brings a testbed up, re-attaches and tears down once, against
-this; testbed.fabric.registry turns a name into the class."""
+this; testbed.fabric.registry turns a name into the class.
+
+The seam: `Backend[PlanT]` plans a topology into a PlanT (a testbed.plan.view.TestbedView subclass, pure data:
+the view every reader shares plus this backend's own layout) and makes a `Fabric[PlanT]` that builds it. A new
+backend: a package testbed/fabric/<name>/ with its plan type (a TestbedView subclass; in testbed/plan/ when an
+agent must read it, as the docker router reads RouterConfig), a Backend[ItsPlan] subclass and a Fabric[ItsPlan],
+one line in testbed.fabric.registry, and tests under tests/fabric/<name>/ with the marker of what they need."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar, Generic, Self
 
 from pydantic import BaseModel, ConfigDict
 
-from testbed.fabric.base import Fabric
+from testbed.fabric.base import Fabric, PlanT
 from testbed.fabric.state import BackendState, FabricState
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
@@ -26,8 +32,9 @@ class BackendOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Backend(ABC):
-    """One way to build a testbed: namespaces here, containers, real hosts."""
+class Backend(ABC, Generic[PlanT]):
+    """One way to build a testbed: namespaces here, containers, real hosts. `Backend[PlanT]`: its plan() gives a
+    PlanT and its make_fabric() a Fabric[PlanT] that brings that plan up."""
 
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for --help
@@ -46,13 +53,13 @@ class Backend(ABC):
         self.options = options if options is not None else self.Options()
 
     @classmethod
-    def from_state(cls, saved: FabricState) -> Backend:
+    def from_state(cls, saved: FabricState) -> Self:
         """The backend as it was when it brought up the testbed `saved` records."""
         return cls()
 
     @abstractmethod
     def plan(self, topology: Topology, shaper: str, prefix: str,
-             overrides: dict[str, LinkParams] | None = None) -> Any:
+             overrides: dict[str, LinkParams] | None = None) -> PlanT:
         """Pure: what `up` builds (what `up --dry-run` prints). `shaper` may be "auto": each backend says what
         it shows for it. Fails (SpecError, ValueError) before anything is probed or created."""
 
@@ -82,7 +89,7 @@ class Backend(ABC):
         return self.State()
 
     @abstractmethod
-    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> Fabric:
+    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> Fabric[PlanT]:
         """The fabric that will bring a plan up (or attach to one that is up)."""
 
     @classmethod

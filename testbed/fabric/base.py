@@ -1,36 +1,42 @@
-"""The one interface every backend's fabric offers to the CLI, runner and probe."""
+"""The one interface every backend's fabric offers to the CLI, runner and probe, generic in its backend's plan
+(testbed.plan.view: every plan is a TestbedView)."""
 
 from __future__ import annotations
 
 import subprocess
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from testbed.plan.view import TestbedView
+
+PlanT = TypeVar("PlanT", bound=TestbedView)
 
 if TYPE_CHECKING:
     from testbed.agents.tc import LinkCounters
     from testbed.fabric.forkserver import Forks
     from testbed.fabric.state import FabricState
-    from testbed.plan.network import LinkEnd, NetworkPlan
+    from testbed.plan.view import LinkEnd
     from testbed.spec.link import LinkParams
 
 
-class Fabric(ABC):
+class Fabric(ABC, Generic[PlanT]):
     """Bring a plan up, run things in its nodes, change links live, read counters, take it down.
 
-    `plan` is the testbed as the runner, probe and reports read it (nodes, addresses, link ends), kept true to
-    what is applied as links are re-shaped."""
+    `Fabric[PlanT]` builds plans of type PlanT (a TestbedView subclass: NetworkPlan, ContainersPlan, HostsPlan
+    ...). `plan` is the testbed as it stands (None before up/attach): the runner, probe and reports read only its
+    view fields (nodes, addresses, link ends), kept true to what is applied as links are re-shaped."""
 
-    plan: NetworkPlan | None
+    plan: PlanT | None
     link_faults: ClassVar[bool] = False  # whether impair() can drop, delay or throttle a link on demand
     node_shells: ClassVar[bool] = False  # whether node_script() writes to a shell kept open on each node
 
     @abstractmethod
-    def up(self, plan: Any, state: FabricState) -> None:
+    def up(self, plan: PlanT, state: FabricState) -> None:
         """Build `plan` (what the backend's plan() returned); on failure leave nothing behind and raise."""
 
     @abstractmethod
-    def attach(self, plan: Any, state: FabricState) -> None:
+    def attach(self, plan: PlanT, state: FabricState) -> None:
         """Adopt a testbed that an earlier process brought up (from the state file)."""
 
     @abstractmethod

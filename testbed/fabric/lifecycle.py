@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic
 
 from testbed.fabric import ownership, registry
 from testbed.fabric import state as state_store
 from testbed.fabric.backend import Backend, BackendOptions, Progress
-from testbed.fabric.base import Fabric
+from testbed.fabric.base import Fabric, PlanT
 from testbed.fabric.errors import FabricError, NotSupported
-from testbed.plan.network import LinkEnd, NetworkPlan
+from testbed.plan.view import LinkEnd
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -43,18 +43,19 @@ def backend_options(name: str, given: dict[str, Any] | None = None) -> BackendOp
         raise FabricError(f"--{where.replace('_', '-')}: {message}" if where else message) from None
 
 
-def make_backend(name: str, **given: Any) -> Backend:
+def make_backend(name: str, **given: Any) -> Backend[Any]:
     """Backend `name` with the options given (see backend_options)."""
     return registry.get(name)(backend_options(name, given))
 
 
 @dataclass
-class Testbed:
-    """A running (or about to run) testbed: what it was built from, its plan and its backend's fabric."""
+class Testbed(Generic[PlanT]):
+    """A running (or about to run) testbed: what it was built from, its plan (its backend's, a TestbedView: only
+    the view's fields are read here) and its backend's fabric."""
 
     topology: Topology
-    plan: NetworkPlan
-    fabric: Fabric
+    plan: PlanT
+    fabric: Fabric[PlanT]
     state: state_store.FabricState
 
     def mechanism(self, end: LinkEnd) -> str:
@@ -143,7 +144,7 @@ class Testbed:
 
 
 def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
-             on_progress: Progress | None = None, backend: str | Backend = registry.DEFAULT) -> Testbed:
+             on_progress: Progress | None = None, backend: str | Backend[Any] = registry.DEFAULT) -> Testbed[Any]:
     """Clean any stale testbed with this prefix, then build `topology`. Nothing is left behind on failure.
     `backend`: a registered name (with its default options) or a Backend (make_backend). HeldElsewhere while
     another live process holds the prefix; this process holds it from here to tear_down (or its end)."""
@@ -181,15 +182,16 @@ def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_
     return Testbed(topology, fabric.plan, fabric, state)
 
 
-def plan_of(backend: Backend, topology: Topology, shaper: str, prefix: str, source: str | Path,
-          overrides: dict[str, LinkParams] | None = None) -> Any:
+def plan_of(backend: Backend[PlanT], topology: Topology, shaper: str, prefix: str, source: str | Path,
+            overrides: dict[str, LinkParams] | None = None) -> PlanT:
+    """The backend's plan (pure); a layout the topology cannot have here is one FabricError naming `source`."""
     try:
         return backend.plan(topology, shaper, prefix, overrides)
     except ValueError as error:  # a layout the topology cannot have here (SpecError is not a ValueError)
         raise FabricError(f"{source}: {error}") from None
 
 
-def attach(prefix: str) -> Testbed:
+def attach(prefix: str) -> Testbed[Any]:
     """The testbed that `up` left running, rebuilt from the state file."""
     saved = state_store.load(prefix)
     if saved is None:

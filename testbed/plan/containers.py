@@ -18,15 +18,16 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from testbed import settings
 from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.addressing import allocate
 from testbed.plan.network import NetworkPlan, build_plan, direction_key, link_direction_params
 from testbed.plan.routing import next_hops
-from testbed.plan.shaping import Shaping
+from testbed.plan.shaping import Shaper, Shaping, plan_shaping
 from testbed.plan.sysctls import ROUTER_SYSCTLS, node_sysctls
+from testbed.plan.view import LinkEnd, TestbedView
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -83,13 +84,22 @@ class ContainerSpec:
         return labels
 
 
-@dataclass(frozen=True)
-class ContainersPlan:
-    topology: str
-    prefix: str
-    shaper: str  # as requested: "auto" is resolved by each router on the docker host's kernel
+@dataclass(frozen=True, kw_only=True)
+class ContainersPlan(TestbedView):
+    """The docker backend's plan: the view (nodes are containers named as the netns plan names their
+    namespaces; inter-DC link ends are the routers' `to-<peer>`) and the networks and containers that make it.
+    `shaper` is as requested until the routers resolve it (`with_shaper`): "auto" is decided by each router on
+    the docker host's kernel; the link ends show userspace-delay for it, as the other backends' dry runs do."""
+
     networks: tuple[DockerNetwork, ...]
     containers: tuple[ContainerSpec, ...]
+
+    def with_shaper(self, shaper: Shaper, overrides: dict[str, LinkParams] | None = None) -> ContainersPlan:
+        """The plan as the routers applied it: `shaper` resolved, `overrides` (live changes) in force."""
+        overrides = overrides or {}
+        return replace(self, shaper=shaper, link_ends=tuple(
+            replace(end, shaping=plan_shaping(overrides.get(end.key, end.shaping.params), shaper))
+            if end.kind == "inter-dc" else end for end in self.link_ends))
 
     def container_name(self, spec: ContainerSpec) -> str:
         return f"{self.prefix}{spec.service}"
@@ -178,8 +188,10 @@ def _peer_hosts(hosts: dict[str, str], me: str) -> tuple[tuple[str, str], ...]:
                  for pair in ((peer, address), (peer, f"::ffff:{address}")))
 
 
-def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str = DEFAULT_PREFIX) -> ContainersPlan:
-    """Pure: every docker network and container of `topology` (addresses as in the netns plan)."""
+def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str = DEFAULT_PREFIX,
+                          overrides: dict[str, LinkParams] | None = None) -> ContainersPlan:
+    """Pure: every docker network and container of `topology` (addresses as in the netns plan). `overrides`
+    (live changes) show in the link ends; the routers start from the topology and are changed live."""
     addressing = allocate(topology)
     lans: list[DockerNetwork] = []
     link_nets: list[DockerNetwork] = []
@@ -216,15 +228,15 @@ def build_containers_plan(topology: Topology, shaper: str = "auto", prefix: str 
             (*ROUTER_COMMAND, "serve"), dict(ROUTER_SYSCTLS), ("NET_ADMIN",),
             {ROUTER_ENV: config.to_json(), settings.STATE_DIR: ROUTER_STATE_DIR},
             healthcheck=("CMD", "test", "-f", ROUTER_READY), tmpfs=(ROUTER_STATE_DIR,), router=config))
-    return ContainersPlan(topology.name, prefix, shaper, tuple(lans + link_nets), tuple(containers))
+    net = build_plan(topology, "userspace-delay" if shaper == "auto" else shaper, prefix, overrides)
+    return ContainersPlan(topology=topology.name, prefix=prefix, shaper=shaper, nodes=net.nodes,
+                          link_ends=_docker_link_ends(net), links=net.links, networks=tuple(lans + link_nets),
+                          containers=tuple(containers))
 
 
-def docker_network_plan(topology: Topology, shaper: str, prefix: str,
-                        overrides: dict[str, LinkParams] | None = None) -> NetworkPlan:
-    """What the docker testbed is, in the netns plan's terms (nodes, addresses, inter-DC link ends) for the
-    runner, probe and reports. Intra-DC access links stay unshaped (capless node containers cannot shape their
-    own interfaces), and say so; `shaper` is the one the routers resolved."""
-    plan = build_plan(topology, shaper, prefix, overrides)
+def _docker_link_ends(plan: NetworkPlan) -> tuple[LinkEnd, ...]:
+    """The netns plan's link ends as docker has them: intra-DC access links stay unshaped (capless node
+    containers cannot shape their own interfaces), and say so."""
     ends = []
     for end in plan.link_ends:
         if end.kind == "access":
@@ -234,4 +246,4 @@ def docker_network_plan(topology: Topology, shaper: str, prefix: str,
                                                     ("loss", params.loss > 0)) if set_)
             end = dataclasses.replace(end, shaping=Shaping(end.shaping.shaper, params, (), None, missing))
         ends.append(end)
-    return dataclasses.replace(plan, link_ends=tuple(ends))
+    return tuple(ends)

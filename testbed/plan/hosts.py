@@ -18,8 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.plan.delayline import DelayDirection
-from testbed.plan.network import InterDCLink, LinkEnd, NetworkPlan, Node, direction_key, link_direction_params
-from testbed.plan.shaping import Shaper, Shaping, htb_burst, netem_options, plan_shaping, queue_limit
+from testbed.plan.network import direction_key, link_direction_params
+from testbed.plan.shaping import (
+    ROOT,
+    UNCAPPED_RATE,  # noqa: F401 (where it was)
+    Placement,
+    Shaper,
+    Shaping,
+    TcObject,
+    plan_shaping,
+    shaping_argv,
+    shared_class,
+    tc_argv,
+    tc_handle,
+)
+from testbed.plan.view import InterDCLink, LinkEnd, Node, TestbedView
 from testbed.spec.errors import SpecError
 from testbed.spec.inventory import HostSpec, Inventory
 from testbed.spec.link import LinkParams
@@ -27,7 +40,7 @@ from testbed.spec.topology import Topology
 
 ROOT_MAJOR = 0x7E57
 ROOT_HANDLE = f"{ROOT_MAJOR:x}:"
-UNCAPPED_RATE = 100e9  # bits/s of a class whose link has no bandwidth cap (the class exists to hold the leaf)
+HOST_ROOT = TcObject("qdisc", "htb", tc_handle(ROOT_MAJOR), ROOT)  # no default: unclassified traffic is unshaped
 
 
 def comment(prefix: str) -> str:
@@ -46,11 +59,18 @@ class HostPlan:
     classes: dict[str, str]  # peer DC -> classid on this host's interface
 
 
-@dataclass(frozen=True)
-class HostsPlan:
-    network: NetworkPlan  # nodes and inter-DC link ends, as the runner, probe and reports read them
+@dataclass(frozen=True, kw_only=True)
+class HostsPlan(TestbedView):
+    """The ssh backend's plan: the view (nodes are hosts; a link end is its class on every host of its source
+    DC) and what each host runs."""
+
     hosts: tuple[HostPlan, ...]
     inventory_file: str | None = None
+
+    @property
+    def network(self) -> HostsPlan:
+        """The plan itself, as the view the runner, probe and reports read (what `.network` once held)."""
+        return self
 
     def host(self, name: str) -> HostPlan:
         for item in self.hosts:
@@ -107,31 +127,16 @@ def _require_full_mesh(topology: Topology) -> None:
                                 f"pair of DCs needs a direct link (none between {a} and {b})") from None
 
 
-def _tc_rate(bits: float) -> str:
-    return f"{int(bits)}bit"
+def peer_placement(dc_index: int, matches: tuple[str, ...] = ()) -> Placement:
+    """Where the link end towards the DC at `dc_index` sits on a host's interface: class 7e57:<10+k>."""
+    return shared_class(ROOT_MAJOR, 0x10 + dc_index, matches)
 
 
 def class_commands(dev: str, classid: str, params: LinkParams, shaper: Shaper, verb: str = "add") -> list[list[str]]:
-    """The HTB class and its leaf for one peer DC; verb 'change' re-shapes in place (flows keep their queue)."""
-    rate = params.bandwidth if params.bandwidth is not None else UNCAPPED_RATE
-    burst = str(htb_burst(rate))
-    minor = classid.split(":")[1]
-    out = [["tc", "class", verb, "dev", dev, "parent", ROOT_HANDLE, "classid", classid, "htb", "rate", _tc_rate(rate),
-            "ceil", _tc_rate(rate), "burst", burst, "cburst", burst, "quantum", "60000"]]
-    limit = queue_limit(params)
-    leaf = ["tc", "qdisc", verb, "dev", dev, "parent", classid, "handle", f"{minor}:"]
-    if shaper == "netem":
-        options = netem_options(params, limit)
-        netem = [*leaf, "netem", "limit", str(limit), "delay", f"{options['delay']}us"]
-        if options["jitter"]:
-            netem += [f"{options['jitter']}us"]
-        if options["loss"]:
-            netem += ["loss", f"{options['loss']:.6g}%"]
-        netem += ["rate", _tc_rate(options["rate"] * 8)]  # always: `tc change` without it keeps the old rate
-        out.append(netem)
-    else:
-        out.append([*leaf, "pfifo", "limit", str(limit)])
-    return out
+    """The HTB class and its leaf for one peer DC, as tc argv rendered from their Shaping; verb 'change'
+    re-shapes in place (flows keep their queue)."""
+    major, minor = (int(part, 16) for part in classid.split(":"))
+    return shaping_argv(plan_shaping(params, shaper, placement=shared_class(major, minor)), dev, verb)
 
 
 def accounting_rule(dev: str, sources: tuple[str, ...], peer: str, prefix: str) -> list[str]:
@@ -159,7 +164,9 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
     for index, link in enumerate(topology.links):
         a, b = link.between
         for src, dst in ((a, b), (b, a)):
-            shaping[(src, dst)] = plan_shaping(link_direction_params(topology, src, dst, overrides), shaper)
+            placement = peer_placement(dc_names.index(dst), tuple(f"{address}/32" for address in addresses[dst]))
+            shaping[(src, dst)] = plan_shaping(link_direction_params(topology, src, dst, overrides), shaper,
+                                               placement=placement)
             ends.append(LinkEnd(direction_key(src, dst), "inter-dc", ",".join(h.name for _, h in by_dc[src]),
                                 f"class {classid[dst]}", shaping[(src, dst)]))
         links.append(InterDCLink(index, a, b, direction_key(a, b), direction_key(b, a), addresses[a][0],
@@ -168,14 +175,11 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
     plans: list[HostPlan] = []
     for node, host in pairs:
         dev = host.interface
-        apply: list[list[str]] = [["tc", "qdisc", "add", "dev", dev, "root", "handle", ROOT_HANDLE, "htb"]]
+        apply: list[list[str]] = [tc_argv(HOST_ROOT, dev)]
         delay: list[DelayDirection] = []
         peers = [dc for dc in dc_names if dc != node.dc]
         for peer in peers:
-            apply += class_commands(dev, classid[peer], shaping[(node.dc, peer)].params, shaper)
-            for address in addresses[peer]:
-                apply.append(["tc", "filter", "add", "dev", dev, "parent", ROOT_HANDLE, "protocol", "ip", "prio", "1",
-                              "u32", "match", "ip", "dst", f"{address}/32", "flowid", classid[peer]])
+            apply += shaping_argv(shaping[(node.dc, peer)], dev)  # class, leaf, a u32 filter per peer address
             apply.append(accounting_rule(dev, addresses[peer], peer, prefix))
             incoming = shaping[(peer, node.dc)].delay_line  # None under netem: the leaf delays
             if incoming is not None:
@@ -184,6 +188,5 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
         plans.append(HostPlan(node, host, workdir(host, prefix), tuple(tuple(c) for c in apply), tuple(delay),
                               {peer: classid[peer] for peer in peers}))
 
-    network = NetworkPlan(topology.name, prefix, shaper, (), (), (), (), tuple(ends), nodes, tuple(links), {})
-    return HostsPlan(network, tuple(plans), inventory_file)
-
+    return HostsPlan(topology=topology.name, prefix=prefix, shaper=shaper, nodes=nodes, link_ends=tuple(ends),
+                     links=tuple(links), hosts=tuple(plans), inventory_file=inventory_file)

@@ -1,4 +1,5 @@
-"""The network plan: namespaces, veth pairs, bridges, addresses, routes and shaped link ends of a topology.
+"""The netns backend's plan, a TestbedView (testbed.plan.view): namespaces, veth pairs, bridges, addresses,
+routes and shaped link ends of a topology.
 
 Layout per DC (every namespace name carries the prefix, `tb-` by default):
   <dc>-<i>   one namespace per node, `eth0` with the node's address, default route via the DC gateway
@@ -19,8 +20,9 @@ from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.addressing import Addressing, allocate
 from testbed.plan.delayline import DelayDirection
 from testbed.plan.routing import next_hops
-from testbed.plan.shaping import Shaper, Shaping, plan_shaping
+from testbed.plan.shaping import Shaper, plan_shaping
 from testbed.plan.sysctls import node_sysctls
+from testbed.plan.view import InterDCLink, LinkEnd, Node, TestbedView
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -54,67 +56,16 @@ class Route:
     gateway: str
 
 
-@dataclass(frozen=True)
-class LinkEnd:
-    """A shaped egress interface: `key` names it in status tables, counters and `shape`."""
+@dataclass(frozen=True, kw_only=True)
+class NetworkPlan(TestbedView):
+    """The netns backend's plan: the view (nodes, link ends, links) and the kernel layout that makes it."""
 
-    key: str
-    kind: str  # "inter-dc" | "access"
-    ns: str
-    ifname: str
-    shaping: Shaping
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    dc: str
-    dc_index: int
-    index: int
-    ns: str
-    address: str
-
-
-@dataclass(frozen=True)
-class InterDCLink:
-    index: int
-    a: str
-    b: str
-    forward: str  # LinkEnd key a->b
-    backward: str  # LinkEnd key b->a
-    a_address: str
-    b_address: str
-
-
-@dataclass(frozen=True)
-class NetworkPlan:
-    topology: str
-    prefix: str
-    shaper: Shaper
     namespaces: tuple[Namespace, ...]
     bridges: tuple[Interface, ...]
     veths: tuple[VethPair, ...]
     routes: tuple[Route, ...]
-    link_ends: tuple[LinkEnd, ...]
-    nodes: tuple[Node, ...]
-    links: tuple[InterDCLink, ...]
     gateways: dict[str, str] = field(default_factory=dict)  # dc -> gateway namespace
     node_sysctls: dict[str, str] = field(default_factory=dict)  # what every non-router namespace gets (sysctls.py)
-
-    def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(f"no node named {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
-
-    def link_end(self, key: str) -> LinkEnd:
-        for end in self.link_ends:
-            if end.key == key:
-                return end
-        raise KeyError(key)
-
-    def not_applied(self) -> dict[str, tuple[str, ...]]:
-        return {end.key: end.shaping.not_applied for end in self.link_ends if end.shaping.not_applied}
 
     def delay_lines(self) -> dict[str, list[DelayDirection]]:
         """Gateway namespace -> the directions its userspace delay line serves: a->b is delayed where it
@@ -204,11 +155,13 @@ def build_plan(topology: Topology, shaper: Shaper, prefix: str = DEFAULT_PREFIX,
         for dst, hop in sorted(table.items()):
             routes.append(Route(gateways[src], str(addressing.dcs[dst].lan), link_address[(src, hop)]))
 
-    return NetworkPlan(topology.name, prefix, shaper, tuple(namespaces), tuple(bridges), tuple(veths),
-                       tuple(routes), tuple(ends), tuple(nodes), tuple(links), gateways, node_sysctls(topology))
+    return NetworkPlan(topology=topology.name, prefix=prefix, shaper=shaper, nodes=tuple(nodes),
+                       link_ends=tuple(ends), links=tuple(links), namespaces=tuple(namespaces),
+                       bridges=tuple(bridges), veths=tuple(veths), routes=tuple(routes), gateways=gateways,
+                       node_sysctls=node_sysctls(topology))
 
 
-def path_params(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkParams]:
+def path_params(plan: TestbedView, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkParams]:
     """The parameters of every inter-DC hop from src_dc to dst_dc, in order (as planned)."""
     from testbed.plan.routing import shortest_paths
 

@@ -8,6 +8,11 @@ Two shapers give the same link semantics:
 
 Jitter, in both: uniform in [latency - jitter, latency + jitter] (netem's law without a distribution
 table), never below zero. Loss: independent per packet.
+
+One `Shaping` per link end, placed on its interface (`Placement`: a tree of its own, or a class under a root the
+interface shares, as on a real host with one class per peer DC), and two renderers of its `tc` objects: netlink
+requests (testbed.agents.tc.tc_request: what the netns backend and the docker routers send through pyroute2) and
+tc argv (`tc_argv` here: what the ssh backend runs on a host). Both read the same objects and nothing else.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ def format_handle(handle: int | str) -> str:
 
 @dataclass(frozen=True)
 class TcObject:
-    """One `tc qdisc add` or `tc class add`: pyroute2 keyword options, handles as integers."""
+    """One `tc qdisc|class|filter add`: pyroute2 keyword options (rates in bytes/s, delays in microseconds, loss
+    in percent), handles as integers. A u32 filter's options: prio, dst (a CIDR) and flowid (a class handle)."""
 
-    what: Literal["qdisc", "class"]
+    what: Literal["qdisc", "class", "filter"]
     kind: str
     handle: int
     parent: int | str
@@ -58,6 +64,35 @@ class TcObject:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where one link end's tree sits on its interface.
+
+    Its own (`OWN_ROOT`, netns and docker): root htb `1:`, class `1:1`, leaf `10:`, and only what the
+    parameters need (no rate: no htb; netem only with something to emulate). Shared (`shared_class`, ssh): the
+    interface's root htb is not the link end's; the link end is the class `root:minor` (uncapped without a
+    bandwidth), its leaf `minor:` (always, so a live change finds it) and a u32 filter per address in
+    `matches` steering traffic into the class."""
+
+    root: int = 0x10000
+    minor: int = 1
+    leaf: int = 0x100000
+    shared: bool = False
+    matches: tuple[str, ...] = ()  # CIDRs whose traffic the class carries (shared roots only)
+
+    @property
+    def classid(self) -> int:
+        return self.root | self.minor
+
+
+OWN_ROOT = Placement()
+
+
+def shared_class(root_major: int, minor: int, matches: tuple[str, ...] = ()) -> Placement:
+    """A class `root_major:minor` under the interface's own root htb, its leaf `minor:`."""
+    return Placement(tc_handle(root_major), minor, tc_handle(minor), True, matches)
+
+
+@dataclass(frozen=True)
 class Shaping:
     """Everything applied on one egress interface, and what no mechanism applies (reported, never hidden)."""
 
@@ -66,6 +101,11 @@ class Shaping:
     tc: tuple[TcObject, ...]
     delay_line: DelayLineSpec | None
     not_applied: tuple[str, ...]
+
+    def changed(self) -> tuple[TcObject, ...]:
+        """What a live `tc change` of this tree touches: classes and leaf qdiscs (a root htb and filters keep
+        their settings whatever the parameters)."""
+        return tuple(o for o in self.tc if o.what == "class" or (o.what == "qdisc" and o.kind != "htb"))
 
 
 def queue_limit(params: LinkParams) -> int:
@@ -79,14 +119,15 @@ def htb_burst(rate_bps: float) -> int:
     return max(HTB_BURST_MIN, math.ceil(rate_bps / 8 * HTB_BURST_SECONDS))
 
 
-def _htb(rate_bps: float) -> list[TcObject]:
+UNCAPPED_RATE = 100e9  # bits/s of a shared root's class whose link has no bandwidth cap (it holds the leaf)
+
+
+def _htb(rate_bps: float, placement: Placement = OWN_ROOT) -> list[TcObject]:
     rate = int(rate_bps / 8)  # pyroute2 reads an integer rate as bytes per second
     burst = htb_burst(rate_bps)
-    return [
-        TcObject("qdisc", "htb", tc_handle(1), ROOT, {"default": 1}),
-        TcObject("class", "htb", tc_handle(1, 1), tc_handle(1),
-                 {"rate": rate, "ceil": rate, "burst": burst, "cburst": burst, "quantum": 60000}),
-    ]
+    root = [] if placement.shared else [TcObject("qdisc", "htb", placement.root, ROOT, {"default": placement.minor})]
+    return [*root, TcObject("class", "htb", placement.classid, placement.root,
+                            {"rate": rate, "ceil": rate, "burst": burst, "cburst": burst, "quantum": 60000})]
 
 
 def netem_options(params: LinkParams, limit: int) -> dict[str, Any]:
@@ -116,8 +157,10 @@ def netem_rate(params: LinkParams) -> int:
     return 0
 
 
-def plan_shaping(params: LinkParams, shaper: Shaper, delay_line: bool = True) -> Shaping:
-    """The tc objects (and delay-line work) that give one link direction `params` under `shaper`.
+def plan_shaping(params: LinkParams, shaper: Shaper, delay_line: bool = True,
+                 placement: Placement = OWN_ROOT) -> Shaping:
+    """The tc objects (and delay-line work) that give one link direction `params` under `shaper`, placed on its
+    interface as `placement` says.
 
     `delay_line=False` is for links the userspace delay line does not serve (intra-DC access links):
     their latency, jitter and loss are then reported in `not_applied`.
@@ -125,20 +168,68 @@ def plan_shaping(params: LinkParams, shaper: Shaper, delay_line: bool = True) ->
     limit = queue_limit(params)
     has_rate = params.bandwidth is not None
     needs_delay = params.latency > 0 or params.jitter > 0 or params.loss > 0
-    tc: list[TcObject] = _htb(params.bandwidth) if has_rate else []
-    parent: int | str = tc_handle(1, 1) if has_rate else ROOT
+    has_class = has_rate or placement.shared
+    rate = params.bandwidth if params.bandwidth is not None else UNCAPPED_RATE
+    tc: list[TcObject] = _htb(rate, placement) if has_class else []
+    parent: int | str = placement.classid if has_class else ROOT
     not_applied: list[str] = []
     line: DelayLineSpec | None = None
     if shaper == "netem":
-        if needs_delay or has_rate:
-            tc.append(TcObject("qdisc", "netem", tc_handle(0x10), parent, netem_options(params, limit)))
+        if needs_delay or has_class:
+            tc.append(TcObject("qdisc", "netem", placement.leaf, parent, netem_options(params, limit)))
     elif shaper == "userspace-delay":
-        if has_rate:
-            tc.append(TcObject("qdisc", "pfifo", tc_handle(0x10), parent, {"limit": limit}))
+        if has_class:
+            tc.append(TcObject("qdisc", "pfifo", placement.leaf, parent, {"limit": limit}))
         if delay_line:  # even at zero delay, so that a later live `shape` can add some
             line = DelayLineSpec(params.latency, params.jitter, params.loss, limit)
         elif needs_delay:
             not_applied += [name for name in ("latency", "jitter", "loss") if getattr(params, name) > 0]
     else:
         raise ValueError(f"unknown shaper {shaper!r} (known: {', '.join(SHAPERS)})")
+    tc += [TcObject("filter", "u32", 0, placement.root, {"prio": 1, "dst": cidr, "flowid": placement.classid})
+           for cidr in placement.matches]
     return Shaping(shaper, params, tuple(tc), line, tuple(not_applied))
+
+
+def _bits(rate_bytes: int) -> str:
+    return f"{rate_bytes * 8}bit"
+
+
+def _options_argv(obj: TcObject) -> list[str]:
+    """tc's words for an object's options (the same units netlink gets: tc converts them back)."""
+    o = obj.options
+    if (obj.what, obj.kind) == ("qdisc", "htb"):
+        return ["default", f"{o['default']:x}"] if "default" in o else []
+    if (obj.what, obj.kind) == ("class", "htb"):
+        return ["rate", _bits(o["rate"]), "ceil", _bits(o["ceil"]), "burst", str(o["burst"]), "cburst",
+                str(o["cburst"]), "quantum", str(o["quantum"])]
+    if (obj.what, obj.kind) == ("qdisc", "netem"):
+        out = ["limit", str(o["limit"]), "delay", f"{o['delay']}us"]
+        if o["jitter"]:
+            out.append(f"{o['jitter']}us")
+        if o["loss"]:
+            out += ["loss", f"{o['loss']:.6g}%"]
+        return [*out, "rate", _bits(o["rate"])]  # always: `tc change` without it keeps the old rate
+    if (obj.what, obj.kind) == ("qdisc", "pfifo"):
+        return ["limit", str(o["limit"])]
+    if (obj.what, obj.kind) == ("filter", "u32"):
+        return ["match", "ip", "dst", o["dst"], "flowid", format_handle(o["flowid"])]
+    raise ValueError(f"no tc words for a {obj.kind} {obj.what}")
+
+
+def tc_argv(obj: TcObject, dev: str, verb: str = "add") -> list[str]:
+    """The `tc` command line of one planned object on interface `dev` (verb add, change or del)."""
+    where = ["root"] if obj.parent == ROOT else ["parent", format_handle(obj.parent)]
+    if obj.what == "qdisc":
+        head = ["tc", "qdisc", verb, "dev", dev, *where, "handle", format_handle(obj.handle)]
+    elif obj.what == "class":
+        head = ["tc", "class", verb, "dev", dev, *where, "classid", format_handle(obj.handle)]
+    else:
+        head = ["tc", "filter", verb, "dev", dev, *where, "protocol", "ip", "prio", str(obj.options["prio"])]
+    return [*head, obj.kind, *_options_argv(obj)]
+
+
+def shaping_argv(shaping: Shaping, dev: str, verb: str = "add") -> list[list[str]]:
+    """The tc argv renderer: every object of a link end's tree as tc command lines, in order (`change`: only
+    what a live change touches, Shaping.changed)."""
+    return [tc_argv(obj, dev, verb) for obj in (shaping.tc if verb == "add" else shaping.changed())]

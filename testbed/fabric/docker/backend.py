@@ -10,7 +10,6 @@ from pydantic import Field
 
 from testbed import settings
 from testbed.fabric.backend import Backend, BackendOptions, Progress
-from testbed.fabric.base import Fabric
 from testbed.fabric.docker.engine import clean, engine_available
 from testbed.fabric.docker.fabric import DockerFabric
 from testbed.fabric.state import BackendState, FabricState
@@ -34,7 +33,7 @@ class DockerState(BackendState):
     adopted: bool = False
 
 
-class DockerBackend(Backend):
+class DockerBackend(Backend[ContainersPlan]):
     name: ClassVar[str] = "docker"
     summary: ClassVar[str] = "containers"
     forks_ranks: ClassVar[bool] = True  # a fork server per container
@@ -51,7 +50,7 @@ class DockerBackend(Backend):
     def plan(self, topology: Topology, shaper: str, prefix: str,
              overrides: dict[str, LinkParams] | None = None) -> ContainersPlan:
         """`auto` stays auto: each router decides on the docker host's kernel."""
-        return build_containers_plan(topology, shaper, prefix)
+        return build_containers_plan(topology, shaper, prefix, overrides)
 
     def stale(self, prefix: str, saved: FabricState | None) -> bool:
         return saved is not None and not self.options.adopt  # compose's containers are compose's to remove
@@ -59,7 +58,7 @@ class DockerBackend(Backend):
     def new_state(self) -> DockerState:
         return DockerState(self.options.image, self.options.adopt)
 
-    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> Fabric:
+    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> DockerFabric:
         return DockerFabric(prefix, topology, self.options.image, self.options.adopt, on_progress)
 
     @classmethod

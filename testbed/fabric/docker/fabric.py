@@ -48,10 +48,8 @@ from testbed.plan.containers import (
     ROUTER_COMMAND,
     ContainerSpec,
     ContainersPlan,
-    docker_network_plan,
 )
-from testbed.plan.network import LinkEnd, NetworkPlan
-from testbed.plan.shaping import plan_shaping
+from testbed.plan.network import LinkEnd
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 from testbed.waiting import wait_for
@@ -63,7 +61,7 @@ HEALTH_CACHE_S = 2.0
 SETTLE_AFTER_FAILURE_S = 2.0  # an interrupted request may still be carried out by the engine: keep looking
 
 
-class DockerFabric(Fabric):
+class DockerFabric(Fabric[ContainersPlan]):
     """Containers on one docker engine; the controller keeps its record in the state file like the others."""
 
     link_faults = True  # a fault is a live re-shape by the routers: netem's or the delay line's loss, delay, rate
@@ -73,7 +71,7 @@ class DockerFabric(Fabric):
                  on_progress: Callable[[str], None] | None = None, client: Any = None) -> None:
         """`client`: a docker SDK client (or what stands in for one in a test); else the engine's own."""
         self.prefix, self.topology, self.image, self.adopted = prefix, topology, image, adopted
-        self.plan: NetworkPlan | None = None
+        self.plan: ContainersPlan | None = None
         self.state: FabricState | None = None
         self._progress = on_progress or (lambda message: None)
         self.client = client if client is not None else docker_client()
@@ -188,7 +186,7 @@ class DockerFabric(Fabric):
             raise FabricError(f"docker: the routers resolved different shapers ({', '.join(sorted(shapers))})")
         shaper = shapers.pop()
         overrides = self.state.override_params() if self.state else {}
-        self.plan = docker_network_plan(self.topology, shaper, self.prefix, overrides)
+        self.plan = plan.with_shaper(shaper, overrides)
         if self.state is not None:
             self.state.shaper = shaper
             save_state(self.state)
@@ -202,7 +200,7 @@ class DockerFabric(Fabric):
     def attach(self, plan: ContainersPlan, state: FabricState) -> None:
         """Adopt a testbed an earlier process brought up: the plan as the routers resolved it (the state's)."""
         self.state = state
-        self.plan = docker_network_plan(self.topology, state.shaper, self.prefix, state.applied_params())
+        self.plan = plan.with_shaper(state.shaper, state.applied_params())
 
     # --- containers -------------------------------------------------------------------------------
     def _containers(self) -> dict[str, Any]:
@@ -363,9 +361,7 @@ class DockerFabric(Fabric):
             for dc in dict.fromkeys(key.split("->")):
                 by_router.setdefault(dc, []).append([key, dataclasses.asdict(params)])
         each_at_once(lambda item: self._router_control(*item), list(by_router.items()))
-        new = {key: plan_shaping(params, plan.shaper) for key, params in changes.items()}  # what the routers apply
-        self.plan = dataclasses.replace(plan, link_ends=tuple(
-            dataclasses.replace(e, shaping=new[e.key]) if e.key in new else e for e in plan.link_ends))
+        self.plan = plan.with_shaper(plan.shaper, changes)  # what the routers apply
 
     def counters(self) -> dict[str, LinkCounters]:
         """Interface and qdisc counters of every router's egress link ends (one exec per router)."""
@@ -416,7 +412,7 @@ class DockerFabric(Fabric):
             self._health = (now, dead)
         return list(self._health[1])
 
-    def _require(self) -> NetworkPlan:
+    def _require(self) -> ContainersPlan:
         if self.plan is None:
             raise FabricError("no testbed is up (run `testbed up --backend docker` first)")
         return self.plan

@@ -7,7 +7,6 @@ from typing import ClassVar
 
 from testbed.agents.delayline.control import remove_files
 from testbed.fabric.backend import Backend, Progress
-from testbed.fabric.base import Fabric
 from testbed.fabric.netns.fabric import NetnsFabric
 from testbed.fabric.netns.kernel import resolve_shaper
 from testbed.fabric.netns.namespaces import list_namespaces, remove
@@ -23,7 +22,7 @@ class NetnsState(BackendState):
     delay_lines: dict[str, int] = field(default_factory=dict)  # gateway namespace -> delay-line supervisor pid
 
 
-class NetnsBackend(Backend):
+class NetnsBackend(Backend[NetworkPlan]):
     name: ClassVar[str] = "netns"
     summary: ClassVar[str] = "namespaces on this machine"
     State = NetnsState
@@ -41,7 +40,7 @@ class NetnsBackend(Backend):
     def stale(self, prefix: str, saved: FabricState | None) -> bool:
         return saved is not None or bool(list_namespaces(prefix))
 
-    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> Fabric:
+    def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> NetnsFabric:
         return NetnsFabric(prefix, on_progress)
 
     @classmethod

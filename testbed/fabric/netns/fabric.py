@@ -3,7 +3,6 @@ shaped with tc (and the userspace delay line, testbed.agents.delayline, where th
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from testbed.spec.link import LinkParams
 from testbed.waiting import alive
 
 
-class NetnsFabric(Fabric):
+class NetnsFabric(Fabric[NetworkPlan]):
     """Namespaces + veth + bridge per DC + gateway per DC, shaped with tc (and the userspace delay line)."""
 
     link_faults = True  # a fault is a live change of the link end: netem's loss/delay/rate, or the delay line's
@@ -215,8 +214,7 @@ class NetnsFabric(Fabric):
             except KernelLacks as error:
                 raise FabricError(str(error)) from None
         # keep the plan true to the kernel, so a later shape/counters/status sees what is applied
-        self.plan = dataclasses.replace(plan, link_ends=tuple(
-            dataclasses.replace(e, shaping=new) if e.key == key else e for e in plan.link_ends))
+        self.plan = plan.reshaped({key: new})
 
     def prepare_link_faults(self) -> None:
         """A netlink socket in each inter-DC link end's namespace, opened now and kept for the faults' changes:

@@ -61,7 +61,7 @@ def _inventory_record(inventory: Inventory, source: Path) -> dict:
     return data
 
 
-class SshBackend(Backend):
+class SshBackend(Backend[HostsPlan]):
     name: ClassVar[str] = "ssh"
     summary: ClassVar[str] = "inventory hosts"
     forks_ranks: ClassVar[bool] = True  # a fork server per host

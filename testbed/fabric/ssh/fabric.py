@@ -54,7 +54,7 @@ from testbed.plan.hosts import (
     comment,
     memory_dir,
 )
-from testbed.plan.network import LinkEnd, NetworkPlan
+from testbed.plan.network import LinkEnd
 from testbed.spec.inventory import HostSpec, Inventory
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
@@ -95,7 +95,7 @@ print(len(found))
 DELAY_LINE_GONE = 17  # a re-shape script's exit status when the host's delay line is not there to reload
 
 
-class SshFabric(Fabric):
+class SshFabric(Fabric[HostsPlan]):
     """Shaping and processes on inventory hosts; the controller keeps the record of every change."""
 
     link_faults = True  # a fault is a live re-shape: `tc change` on the sending hosts, the receiving delay lines
@@ -114,8 +114,8 @@ class SshFabric(Fabric):
         self._state_lock = threading.RLock()  # hosts are changed at once: one record change and save at a time
 
     @property
-    def plan(self) -> NetworkPlan | None:
-        return self.hosts_plan.network if self.hosts_plan else None
+    def plan(self) -> HostsPlan | None:
+        return self.hosts_plan
 
     def _require(self) -> HostsPlan:
         if self.hosts_plan is None:
@@ -393,7 +393,7 @@ class SshFabric(Fabric):
             return SessionChannel(self.connect(item.host), [item.host.python, "-m", forkserver.MODULE, forkserver.STDIO,
                                                             preload], env=there, cwd=run, mkdirs=mkdirs, log=node_log)
 
-        return NodeForkServers.start([node.name for node in self._require().network.nodes], log, open_channel,
+        return NodeForkServers.start([node.name for node in self._require().nodes], log, open_channel,
                                      lambda node, env: self._node_env(self._host(node), env))
 
     @staticmethod
@@ -445,7 +445,7 @@ class SshFabric(Fabric):
         each direction it sends, one new delay-line configuration (and SIGHUP) if it receives any."""
         plan = self._require()
         assert self.state is not None
-        new = build_hosts_plan(self.topology, self.inventory, plan.network.shaper, self.prefix,
+        new = build_hosts_plan(self.topology, self.inventory, plan.shaper, self.prefix,
                                {**self.state.applied_params(), **changes}, plan.inventory_file)
         ends = [key.split("->") for key in changes]
 
@@ -453,7 +453,7 @@ class SshFabric(Fabric):
             """One script per host: its tc changes, then the delay line's new configuration and reload."""
             commands = [argv for (src, dst), params in zip(ends, changes.values()) if item.node.dc == src
                         for argv in class_commands(item.host.interface, item.classes[dst], params,
-                                                   new.network.shaper, verb="change")]
+                                                   new.shaper, verb="change")]
             script = list(map(shlex.join, commands))
             gone = f"host {item.host.name}: its delay line is not running; run `testbed up` again"
             if item.delay_line and any(item.node.dc == dst for _, dst in ends):
@@ -484,7 +484,7 @@ class SshFabric(Fabric):
         """Per direction: bytes/packets/drops of the leaf under each sending host's class for the peer DC,
         and what the receiving hosts' accounting rules counted arriving from it."""
         plan = self._require()
-        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.network.link_ends}
+        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.link_ends}
         for item in plan.hosts:
             connection = self.connect(item.host)
             qdiscs = json.loads(connection.check(["tc", "-s", "-j", "qdisc", "show", "dev", item.host.interface],
@@ -514,7 +514,7 @@ class SshFabric(Fabric):
 
     def delay_applied(self, end: LinkEnd) -> bool:
         plan = self._require()
-        if plan.network.shaper == "netem":
+        if plan.shaper == "netem":
             return True
         dst = end.key.split("->")[1]
         dead = set(self.dead_delay_lines())
