@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from bisect import bisect_left, insort
 from collections import deque
 
 LATE_BUCKET = 1e-5  # seconds per bucket of the residual histogram (10 us)
@@ -46,6 +47,7 @@ class Direction:
         self.compensate = True  # False: aim at the due time itself (what the delay line did before)
         self.compensation = compensation  # seconds before its due time a packet is aimed at
         self.path: deque[float] = deque(maxlen=SAMPLES)  # on its way - aim, for packets it waited for
+        self._ranked: list[float] = []  # the same samples in order: a median without sorting them again
         self.reaction: deque[float] = deque(maxlen=SAMPLES)  # seen - arrival: how soon the worker has a packet
         self._fresh = 0
         self._aimed: tuple[float, bool] | None = None  # the newest released packet's (aim, waited for)
@@ -107,11 +109,16 @@ class Direction:
             self._sample(sent - aim)
 
     def _sample(self, path: float) -> None:
+        ranked = self._ranked
+        if len(self.path) == SAMPLES:  # the oldest leaves both
+            del ranked[bisect_left(ranked, self.path[0])]
         self.path.append(path)
+        insort(ranked, path)
         self._fresh += 1
-        if self._fresh >= REESTIMATE_EVERY or len(self.path) < REESTIMATE_EVERY:
+        if self._fresh >= REESTIMATE_EVERY or len(ranked) < REESTIMATE_EVERY:
             self._fresh = 0
-            self.compensation = statistics.median(self.path)
+            middle = len(ranked) // 2  # statistics.median's: the middle one, or the mean of the two middle ones
+            self.compensation = ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
 
     def least(self) -> float | None:
         """The shortest delay this direction can give (seconds): the worker's median reaction to a packet; a

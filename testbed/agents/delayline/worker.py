@@ -12,7 +12,11 @@ set to 0 aims at the due time itself (bench/link_fidelity.py compares both).
 Fewer wake-ups per packet: while a packet waits and nothing that arrives before it is aimed could be due before it
 (every packet is held at least latency - jitter; FIFO), the worker sleeps without watching the queue and reads what
 came meanwhile when it wakes for the head, in one batch: one wake-up a packet instead of two under steady traffic.
-$TESTBED_DELAY_LINE_BATCH set to 0 watches the queue all the time (bench/link_fidelity.py compares both)."""
+Nor does it read at every wake-up: what arrived since the last read is held at least that long too, so a read
+waits for a wake-up past half that time (or ends a sleep at the latest moment): many packets a read, one system
+call for up to nfqueue.READ_SLOTS of them, where it took a read per wake-up and two recv() a packet (one finding
+the queue empty). $TESTBED_DELAY_LINE_BATCH set to 0 watches the queue all the time and reads it at every wake-up
+(bench/link_fidelity.py compares both, and with --before the code of an earlier revision)."""
 
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on requ
 COMPENSATE_ENV = settings.DELAY_LINE_COMPENSATE
 BATCH_ENV = settings.DELAY_LINE_BATCH
 UNWATCHED_MARGIN = 200e-6  # an unwatched sleep ends at least this long before a new arrival could be due
+READ_SHARE = 0.5  # a read comes with the first wake-up after this share of the time it may be put off
 STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, and how far ahead each aims
 
 
@@ -57,6 +62,16 @@ def soonest(directions: dict[int, Direction]) -> float:
     holds = [line.latency - line.jitter - max(0.0, line.compensation) if line.compensate else line.latency - line.jitter
              for line in directions.values() if line.latency > 0 or line.jitter > 0 or line.loss > 0]
     return min(holds, default=float("inf"))
+
+
+def read_times(now: float, hold: float) -> tuple[float, float]:
+    """After a read of the queue at `now`, when every packet still unread is held at least `hold` (soonest()): from
+    when the next read may come with a wake-up for a release, and by when it must come (an unread packet could be
+    aimed at UNWATCHED_MARGIN after it). A hold below the margin: read at every wake-up, and sleep watching."""
+    room = hold - UNWATCHED_MARGIN
+    if room <= 0:
+        return now, now
+    return now + READ_SHARE * room, now + room
 
 
 def wait_until(aim: float) -> float:
@@ -107,53 +122,68 @@ def worker(config_path: str) -> int:
     for line in directions.values():
         line.compensate = compensate
     by_key = {item.key: directions[item.queue] for item in work}
-    flags = {"reload": False, "stats": True}
-    signal.signal(signal.SIGHUP, lambda *_: flags.update(reload=True))
-    signal.signal(signal.SIGUSR2, lambda *_: flags.update(stats=True))  # a runner wants the figures now
+    asked = {"stats"}  # what signals asked for: "reload" (the config), "stats" (a runner wants the figures now)
+    signal.signal(signal.SIGHUP, lambda *_: asked.add("reload"))
+    signal.signal(signal.SIGUSR2, lambda *_: asked.add("stats"))
     print(json.dumps({"worker": os.getpid(), "bound": sorted(directions), "scheduling": sched}), flush=True)
     os.kill(os.getppid(), signal.SIGUSR1)  # tell the supervisor the queues are bound
-    next_stats, written = time.monotonic() + STATS_EVERY, -1
+    next_stats, written = time.time() + STATS_EVERY, -1
     # the release loop never waits for the file system: when it wrote the stats itself, a busy disk held the packets
     # due meanwhile (a cell's delay line was late by 95 ms at most, its probe's p99 194 ms on a 40 ms round trip)
     stats = LatestWriter(files.stats, name="stats")
     batch = os.environ.get(BATCH_ENV, "1") != "0"
+    lines = list(directions.values())
     watched = True  # whether the last sleep watched the queue (so a read's first packet samples the reaction)
+    read_after = read_by = 0.0  # when the next read may come with a release's wake-up, and when it must come
     while True:
-        if flags["reload"]:
-            flags["reload"] = False
-            for item in load_config(files.config.read_text()):
-                if item.queue in directions:
-                    directions[item.queue].configure(item.latency, item.jitter, item.loss)
-        if flags["stats"] or (time.monotonic() > next_stats and sum(x.released for x in directions.values()) != written):
-            flags["stats"] = False
-            next_stats = time.monotonic() + STATS_EVERY
-            written = sum(x.released for x in directions.values())
-            stats.submit(_stats_text(by_key, sched))
         now = time.time()
-        packets = sock.receive()
-        for packet in packets:
-            line = directions.get(packet.queue)
-            if line is None:
-                continue
-            arrival = packet.timestamp if packet.timestamp is not None else now
-            if not line.admit(packet.packet_id, arrival, now):
-                sock.verdict(packet.queue, packet.packet_id, NF_DROP)
-        if watched and packets and packets[0].queue in directions and packets[0].timestamp is not None:
-            directions[packets[0].queue].saw(packets[0].timestamp, now)  # one sample a read: cheap under load
-        now = time.time()
+        if asked or now > next_stats:  # one test a wake-up while nothing is asked and no figures are due
+            if "reload" in asked:
+                asked.discard("reload")
+                for item in load_config(files.config.read_text()):
+                    if item.queue in directions:
+                        directions[item.queue].configure(item.latency, item.jitter, item.loss)
+                read_after = read_by = 0.0  # the holds changed: read now, and plan the next read anew
+            if "stats" in asked or (now > next_stats and sum(x.released for x in lines) != written):
+                asked.discard("stats")
+                written = sum(x.released for x in lines)
+                stats.submit(_stats_text(by_key, sched))
+            next_stats = now + STATS_EVERY
+        if watched or now >= read_after:
+            packets = sock.receive()
+            for queue, packet_id, stamp in packets:
+                line = directions.get(queue)
+                if line is None:
+                    continue
+                if not line.admit(packet_id, now if stamp is None else stamp, now):
+                    sock.verdict(queue, packet_id, NF_DROP)
+            if watched and packets and packets[0].queue in directions and packets[0].timestamp is not None:
+                directions[packets[0].queue].saw(packets[0].timestamp, now)  # one sample a read: cheap under load
+            read_after, read_by = read_times(now, soonest(directions) if batch else 0.0)
+            now = time.time()
         wake = None
-        for line in directions.values():
+        for line in lines:
             last = line.release(now, RELEASE_SLACK)
             if last is not None:
                 sent = time.time()
                 sock.accept_up_to(line.queue, last)
                 line.settle(sent, time.time())
             due = line.next_due()
-            if due is not None:
-                wake = due if wake is None else min(wake, due)
+            if due is not None and (wake is None or due < wake):
+                wake = due
         # select(), not poll(): poll rounds its timeout up to whole milliseconds.
         now = time.time()
-        timeout = 0.2 if wake is None else min(wake - now - EARLY_WAKE, MAX_SLEEP)
-        if timeout > 0:
-            watched = not batch or wake is None or timeout > soonest(directions) - UNWATCHED_MARGIN
-            select.select([sock] if watched else [], [], [], timeout)
+        if wake is None:
+            watched = True
+            select.select([sock], [], [], 0.2)
+            continue
+        end = min(wake - EARLY_WAKE, now + MAX_SLEEP)
+        watched = read_by <= now
+        if not watched:
+            end = min(end, read_by)
+        if end <= now:
+            continue
+        if watched:
+            select.select([sock], [], [], end - now)
+        else:
+            time.sleep(end - now)  # cheaper than an empty select(), as precise (timer slack 1 ns)

@@ -141,3 +141,35 @@ def test_the_worker_sleeps_unwatched_only_as_long_as_no_new_packet_could_be_due(
     assert soonest({0: slow, 1: jittery, 2: idle}) == pytest.approx(0.005 - 0.002 - 0.0001)
     assert soonest({2: idle}) == float("inf")
     assert soonest({3: Direction(3, 0.0, 0.0, 0.01, rng)}) == 0.0  # loss alone: queued, due at once
+
+
+def test_the_worker_reads_its_queue_by_the_time_an_unread_packet_could_be_due():
+    """After a read at `now`, what is still unread is held at least `hold`: the next read may wait for a wake-up
+    past half of that (less the margin), and must come by all of it; a hold within the margin: read every time."""
+    from testbed.agents.delayline.worker import READ_SHARE, UNWATCHED_MARGIN, read_times
+
+    after, by = read_times(100.0, 0.005)
+    assert by == pytest.approx(100.0 + 0.005 - UNWATCHED_MARGIN)
+    assert after == pytest.approx(100.0 + READ_SHARE * (0.005 - UNWATCHED_MARGIN)) and 100.0 < after < by
+    assert read_times(100.0, UNWATCHED_MARGIN / 2) == (100.0, 100.0)
+    assert read_times(100.0, float("inf"))[1] == float("inf")  # nothing queued anywhere: no read is due
+
+
+def test_the_compensation_is_the_median_of_the_recent_path_samples():
+    """Kept in order as samples come and go (no sort per estimate): the same figure as statistics.median of the
+    last SAMPLES, duplicates and evictions included, at every estimate (each sample at first, then every
+    REESTIMATE_EVERY samples)."""
+    from testbed.agents.delayline.release import REESTIMATE_EVERY, SAMPLES
+
+    line = Direction(0, 0.005, 0.0, 0.0, random.Random(1))
+    draw = random.Random(5)
+    estimates = 0
+    for count in range(3 * SAMPLES):
+        before = line.compensation
+        line._sample(2e-5 if count % 10 == 0 else draw.uniform(0, 1e-4))  # a few equal ones too
+        if line._fresh == 0:
+            estimates += 1
+            assert line.compensation == statistics.median(line.path), count
+        else:
+            assert line.compensation == before
+    assert len(line.path) == SAMPLES and estimates >= 3 * SAMPLES // REESTIMATE_EVERY

@@ -8,6 +8,7 @@ bytes, laid out by include/uapi/linux/netfilter/nfnetlink_queue.h (pyroute2's re
 from __future__ import annotations
 
 import errno
+import socket
 import struct
 
 import pytest
@@ -100,3 +101,49 @@ def test_binding_sends_the_command_then_the_copy_mode_and_gso_flag(monkeypatch):
     assert params.hex() == ("0900" "0200" "00000000" "01" "000000"  # copy metadata only, range 0
                             "0800" "0300" "00001388"  # queue length 5000
                             "0800" "0400" "00000004" "0800" "0500" "00000000")  # mask GSO, flags: GSO off
+
+
+def _socket_with(messages: list[bytes], many: bool) -> tuple[nfqueue.QueueSocket, socket.socket]:
+    """A QueueSocket reading from one end of a datagram pair, with `messages` waiting (each as recv() returned it)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    queue = nfqueue.QueueSocket.__new__(nfqueue.QueueSocket)
+    queue.sock, queue._buf = ours, bytearray(4096)
+    queue._many = nfqueue._ManyReader(ours.fileno()) if many else None
+    for message in messages:
+        theirs.send(message)
+    return queue, theirs
+
+
+@pytest.mark.parametrize("many", [True, False], ids=["recvmmsg", "recv"])
+def test_a_read_returns_every_waiting_packet_in_order_then_nothing(many):
+    """More packets than one recvmmsg() takes, with a message that is no packet among them: every packet once, in
+    the order queued; the next read finds none (recv() one by one where libc has no recvmmsg: the same)."""
+    count = nfqueue.READ_SLOTS * 2 + 5
+    messages = []
+    for number in range(count):
+        data = bytearray(QUEUED[number % 3])
+        struct.pack_into("!I", data, 24, number + 1)  # the packet id, first in NFQA_PACKET_HDR
+        messages.append(bytes(data))
+    messages.insert(7, REFUSED_BIND)
+    queue, theirs = _socket_with(messages, many)
+    try:
+        packets = queue.receive()
+        assert [packet.packet_id for packet in packets] == list(range(1, count + 1))
+        assert {packet.queue for packet in packets} == {7}
+        assert packets[0].timestamp == pytest.approx(STAMPS[0], abs=1e-6)
+        assert queue.receive() == []
+    finally:
+        queue.sock.close()
+        theirs.close()
+
+
+def test_a_batch_verdict_is_the_uapi_message_with_each_id_written_in():
+    sent: list[bytes] = []
+    queue = nfqueue.QueueSocket.__new__(nfqueue.QueueSocket)
+    queue._accepts = {}
+    queue.sock = type("Sent", (), {"send": staticmethod(lambda data: sent.append(bytes(data)))})()
+    for number, packet_id in [(7, 3), (300, 9), (7, 2**32 - 1), (7, 4)]:
+        queue.accept_up_to(number, packet_id)
+    assert sent == [nfqueue._message(nfqueue.NFQNL_MSG_VERDICT_BATCH, number, nfqueue._attr(
+        nfqueue.NFQA_VERDICT_HDR, struct.pack("!II", nfqueue.NF_ACCEPT, packet_id)))
+        for number, packet_id in [(7, 3), (300, 9), (7, 2**32 - 1), (7, 4)]]
