@@ -6,15 +6,21 @@ same pinger (east-1 -> east-0, west-1 -> west-0). With the userspace delay line,
 the other: as it is, without the compensation of its own path ("userspace-delay uncompensated") and watching its
 queue all the time ("userspace-delay unbatched": two wake-ups a packet, its CPU before the change), so the table
 shows what each change buys; the delay line's own figures (what it measured of its path, the residual it still
-adds) come beside.
+adds) come beside. `--before REV` runs, beside them, the delay line's code as it was at git revision REV (the
+testbed package of that revision, exported to a temporary directory, is what its processes import): a change that
+no switch undoes is measured against the code before it in the same run.
 
 One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for each shaper asked for (default: every
 shaper this kernel has: netem beside userspace-delay where sch_netem exists), in one run on one kernel.
 "Loaded" RTT is measured while a TCP flow paced at 90 % of the rate runs the same way (an unpaced flow fills
 the BDP-sized queue: that queueing delay is real link behaviour, not shaper error); goodput comes from a
-separate unpaced flow and is held against rate x 1448/1514. CPU: the delay-line worker serving the data
-direction (% of one core; netem's work is in the kernel), and the whole machine's busy time during the loaded
-phase (% of one core: probes included, the same for both shapers, so the difference is the shaper's cost).
+separate unpaced flow and is held against rate x 1448/1514. CPU, from 1 s into the paced flow to its end: the
+delay-line worker serving the data direction, as % of one core and as CPU-seconds per GB of payload the paced
+flow carried (utime + stime of /proc/PID/stat: less sensitive to what else runs than % of a core; x rate/8 gives
+% of a core at any rate), and the whole machine's busy time (% of one core: probes included, the same for both
+shapers, so the difference is the shaper's cost; netem's work is in the kernel, charged to no process). The
+worker's figure includes the kernel carrying each released packet on (bridge, routing, the receiver's TCP), work
+that the sender's own send does on an unshaped path.
 "late p99" is the delay line's own figure of how late it released packets during the loaded phase (netem
 keeps none).
 
@@ -23,7 +29,7 @@ To compare both shapers where this kernel has no netem, run it in user-mode Linu
 
 Usage: .venv/bin/python bench/link_fidelity.py [--shaper netem,userspace-delay] [--delays 1,5,20,50]
                                                [--rates 100mbit,1gbit,2.5gbit] [--reps 1] [--out bench/out]
-                                               [--variants uncompensated,unbatched]
+                                               [--variants uncompensated,unbatched] [--before REV]
        (root; with --reps N every figure is the median of N runs)
 """
 
@@ -35,6 +41,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,6 +64,16 @@ VARIANTS = {  # the delay line as it was before a change, beside it in the same 
     "uncompensated": {"TESTBED_DELAY_LINE_COMPENSATE": "0"},  # aims at the due time itself
     "unbatched": {"TESTBED_DELAY_LINE_BATCH": "0"},  # watches its queue all the time: two wake-ups a packet
 }
+BEFORE = "before"  # the variant that runs an earlier revision's code (--before)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def code_of(revision: str, into: Path) -> dict[str, str]:
+    """Export the testbed package as it was at git `revision` under `into`; the environment that makes a Python
+    process import it instead of this checkout's (PYTHONSAFEPATH: not the working directory first)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "testbed"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return {"PYTHONPATH": str(into), "PYTHONSAFEPATH": "1"}
 
 
 def agent(*args: str) -> list[str]:
@@ -86,12 +103,14 @@ def run_json(testbed, node: str, args: list[str], timeout: float) -> dict:
     return json.loads(out)
 
 
-def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) -> dict:
+def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
+         before: dict[str, str] | None = None) -> dict:
     topology = topology_from_data({"name": "fidelity", "dcs": [{"name": "east", "nodes": 2},
                                                                {"name": "west", "nodes": 2}],
                                    "links": [{"between": ["east", "west"], "latency": f"{delay_ms}ms",
                                               "bandwidth": rate}]})
-    switches = VARIANTS.get(shaper.removeprefix("userspace-delay "), {})
+    variant = shaper.removeprefix("userspace-delay ")
+    switches = (before or {}) if variant == BEFORE else VARIANTS.get(variant, {})
     os.environ.update(switches)  # the delay line's processes inherit them
     try:
         testbed = bring_up(topology, prefix=PREFIX, shaper=shaper.split()[0])
@@ -124,13 +143,13 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
         cpu0, t0 = (cpu_seconds(worker), time.monotonic()) if worker else (float("nan"), time.monotonic())
         busy0, late0 = busy_seconds()[0], testbed.fabric.delay_line_stats()
         loaded = run_json(testbed, "east-0", ping_args, 120)["rtts"]
-        elapsed = time.monotonic() - t0
-        cpu = (cpu_seconds(worker) - cpu0) / elapsed * 100 if worker else float("nan")
-        machine = (busy_seconds()[0] - busy0) / elapsed * 100
         late1 = testbed.fabric.delay_line_stats()
         late = lateness_summary(lateness_delta(late0.get("east->west", {}), late1["east->west"])) \
             if "east->west" in late1 else {"p99_ms": float("nan")}
         paced_result = json.loads(paced.communicate(timeout=120)[0])
+        elapsed = time.monotonic() - t0
+        worker_cpu = cpu_seconds(worker) - cpu0 if worker else float("nan")
+        machine = (busy_seconds()[0] - busy0) / elapsed * 100
         own = late1.get("east->west", {})
     finally:
         for proc in (server, east):
@@ -151,8 +170,10 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float) ->
             "delay-line compensation ms": own.get("compensation_ms", float("nan")),
             "goodput/expected": flow["goodput_bps"] / expected,
             "goodput/configured": flow["goodput_bps"] / rate_bps,
-            "paced Mbit/s": paced_result["goodput_bps"] / 1e6, "delay-line CPU %": cpu, "machine CPU %": machine,
-            "delay-line late p99 ms": late["p99_ms"],
+            "paced Mbit/s": paced_result["goodput_bps"] / 1e6, "delay-line CPU %": worker_cpu / elapsed * 100,
+            "delay-line CPU-s/GB": worker_cpu / (paced_result["goodput_bps"] / 8 * elapsed / 1e9),
+            "machine CPU %": machine,
+            "delay-line late p99 ms": late["p99_ms"], "load 1 min": os.getloadavg()[0],
             "lost pings": pings * 2 - len(idle) - len(loaded)}
 
 
@@ -188,19 +209,32 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1, help="repetitions (medians; shaper order alternates)")
     parser.add_argument("--variants", default="uncompensated,unbatched",
                         help=f"beside userspace-delay, the delay line without a change ({', '.join(VARIANTS)}; none)")
+    parser.add_argument("--before", metavar="REV", help="beside userspace-delay, the delay line of git revision REV")
     args = parser.parse_args()
     shapers = args.shaper.split(",") if args.shaper else ["userspace-delay"] + (["netem"] if has_netem() else [])
-    if "userspace-delay" in shapers:
-        variants = [f"userspace-delay {name}" for name in args.variants.split(",") if name in VARIANTS]
-        shapers[shapers.index("userspace-delay") + 1:shapers.index("userspace-delay") + 1] = variants
+    with tempfile.TemporaryDirectory(prefix="tb-fid-before-") as old:
+        before = code_of(args.before, Path(old)) if args.before else None
+        if "userspace-delay" in shapers:
+            variants = [f"userspace-delay {name}" for name in args.variants.split(",") if name in VARIANTS]
+            variants += [f"userspace-delay {BEFORE}"] if before else []
+            shapers[shapers.index("userspace-delay") + 1:shapers.index("userspace-delay") + 1] = variants
+        rows = measure(args, shapers, before)
+    report(args, shapers, rows)
+
+
+def measure(args: argparse.Namespace, shapers: list[str], before: dict[str, str] | None) -> list[dict]:
     rows = []
     for rep in range(args.reps):
         for rate in args.rates.split(","):
             for delay in [float(d) for d in args.delays.split(",")]:
                 order = shapers if rep % 2 == 0 else shapers[::-1]
                 for shaper in order:  # side by side: both shapers of a point run one after the other
-                    rows.append(cell(delay, rate, shaper, args.pings, args.seconds))
+                    rows.append(cell(delay, rate, shaper, args.pings, args.seconds, before))
                     print(f"done {rep} {shaper} {rate} {delay} ms", file=sys.stderr)
+    return rows
+
+
+def report(args: argparse.Namespace, shapers: list[str], rows: list[dict]) -> None:
     raw = pd.DataFrame(rows)
     keys = ["rate", "one-way ms", "shaper"]
     frame = raw.groupby(keys, sort=False).median(numeric_only=True).reset_index()
@@ -208,6 +242,8 @@ def main() -> None:
     print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     print(f"RTT error: {DEFINITION}")
+    if args.before:
+        print(f"userspace-delay {BEFORE}: the delay line of revision {args.before}")
     args.out.mkdir(parents=True, exist_ok=True)
     raw.to_csv(args.out / "link_fidelity.csv", index=False)
     plot(frame, args.out / "link_fidelity.png")
