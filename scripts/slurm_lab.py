@@ -27,8 +27,8 @@ What `up TOPOLOGY [--name NAME]` builds (NAME defaults to the topology's name, l
     a batch script not before all of them have; the Epilog runs as root on each node at the job's end. By default
     they are the wrappers STATE/prolog and STATE/epilog: each runs `testbed slurm prolog` (or `epilog`) when the
     testbed found at `up` (this checkout's .venv/bin/testbed, else `testbed` on PATH; `--testbed`) has that
-    command (`testbed slurm prolog --help` succeeds), and exits 0 otherwise; either way it appends one line to
-    STATE/log/prolog.log or epilog.log:
+    command (`testbed slurm prolog --help` succeeds: asked once at `up`, and at each run if it failed then), and
+    exits 0 otherwise; either way it appends one line to STATE/log/prolog.log or epilog.log:
         <time> prolog job=<id> node=<SLURMD_NODENAME> host=<hostname> uid=<uid> testbed=ran|absent rc=<rc>
     and exits with testbed's status (a Prolog that fails drains its node, as on any cluster). `--prolog PATH` and
     `--epilog PATH` install other scripts instead.
@@ -239,8 +239,11 @@ def slurm_conf(lab: Lab, prolog: str, epilog: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def hook_wrapper(lab: Lab, which: str, testbed: str) -> str:
+def hook_wrapper(lab: Lab, which: str, testbed: str, has_it: bool) -> str:
+    """The lab's Prolog or Epilog. `has_it`: `testbed slurm WHICH` answered at `up`, so it is called straight away;
+    otherwise each run asks again (a testbed that gains the command later is called from then on)."""
     log = lab.dir / "log" / f"{which}.log"
+    ask = "true" if has_it else f'"$tb" slurm {which} --help >/dev/null 2>&1'
     return f"""#!/bin/sh
 # {which.capitalize()} of the Slurm lab {lab.name}, installed by scripts/slurm-lab as a site admin installs testbed's:
 # runs `testbed slurm {which}` when {testbed} has that command, exits 0 otherwise. One line per run in {log}.
@@ -249,7 +252,7 @@ export PATH
 tb={shlex.quote(testbed)}
 node="${{SLURMD_NODENAME:-$(hostname)}}"
 host="$(hostname)"
-if [ -x "$tb" ] && "$tb" slurm {which} --help >/dev/null 2>&1; then
+if [ -x "$tb" ] && {ask}; then
   "$tb" slurm {which}
   rc=$?
   ran=ran
@@ -551,6 +554,15 @@ def build_network(lab: Lab) -> None:
         ip("-n", ns, "link", "set", "lo", "up")
 
 
+def answered(proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+    try:
+        return proc.wait(timeout=timeout) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+
+
 def write_files(lab: Lab, prolog: str | None, epilog: str | None, testbed: str) -> None:
     d = lab.dir
     for sub in ("munge", "ctld", "spool", "run", "log"):
@@ -561,9 +573,12 @@ def write_files(lab: Lab, prolog: str | None, epilog: str | None, testbed: str) 
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
     with os.fdopen(fd, "wb") as out:
         out.write(os.urandom(1024))
-    for which in ("prolog", "epilog"):  # written even when others are installed: one to fall back on
+    asked = {which: subprocess.Popen([testbed, "slurm", which, "--help"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL) if os.access(testbed, os.X_OK) else None
+             for which in ("prolog", "epilog")}
+    for which, proc in asked.items():  # written even when others are installed: one to fall back on
         path = d / which
-        path.write_text(hook_wrapper(lab, which, testbed))
+        path.write_text(hook_wrapper(lab, which, testbed, proc is not None and answered(proc)))
         path.chmod(0o755)
     (d / "slurm.conf").write_text(slurm_conf(lab, prolog or str(d / "prolog"), epilog or str(d / "epilog")))
     (d / "cgroup.conf").write_text("# slurmd aborts on 'No filesystem mounted on /sys/fs/cgroup' without it\n"
