@@ -37,10 +37,10 @@ What `up` prints on stdout (progress and errors go to stderr), also kept in STAT
     export SLURM_CONF=STATE/slurm.conf       the Slurm commands and testbed's Slurm backend read the lab from it
     export SLURMLAB_NAME=NAME                `down` and `env` take it as their default lab
     export SLURMLAB_DIR=STATE
-`up` returns once `sinfo` shows every node idle (`--timeout`, 120 s by default). Otherwise, or when a daemon exits,
-it says which (the nodes not idle and their slurmd logs), takes down what it made but STATE/log, for reading
-until `down`, and exits 1. Bad arguments or topology: one line, exit 2, nothing made. `--slurmd PATH` runs another
-slurmd (a local build, or a stand-in that never registers, as the tests do).
+`up` returns once `sinfo` shows every node idle (`--timeout` seconds after slurmctld answers, 120 by default).
+Otherwise, or when a daemon exits, it says which (the nodes not idle and their slurmd logs), takes down what it
+made but STATE/log, for reading until `down`, and exits 1. Bad arguments or topology: one line, exit 2, nothing
+made. `--slurmd PATH` runs another slurmd (a local build, or a stand-in that never registers, as the tests do).
 
 The state directory STATE = /var/tmp/testbed-slurm-lab-NAME:
     slurm.conf, cgroup.conf (CgroupPlugin=cgroup/v1), plugstack.conf (empty), prolog, epilog, env, lab.json
@@ -86,6 +86,7 @@ POOL = ipaddress.IPv4Network("198.19.240.0/20")
 FIRST_NODE = 11
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 CTL_HOST = "slurmctld"
+DAEMON_TIMEOUT = 120.0  # seconds for munged and slurmctld to answer
 PARTITION = "lab"
 DAEMON_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 BINARIES = ("munged", "slurmctld", "slurmd", "sinfo", "scontrol", "ip", "unshare")
@@ -636,7 +637,7 @@ def node_states(lab: Lab) -> dict[str, str]:
 
 def start_daemons(lab: Lab, timeout: float, slurmd: str) -> None:
     d = lab.dir
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + DAEMON_TIMEOUT
     started = time.monotonic()
     munge_log = d / "log" / "munged.log"
     munged = spawn(lab, lab.ctl_ns, CTL_HOST,
@@ -669,7 +670,7 @@ def start_daemons(lab: Lab, timeout: float, slurmd: str) -> None:
         return all(states.get(node.name) == "idle" for node in lab.nodes)
 
     try:
-        wait_until(f"{len(lab.nodes)} nodes idle in sinfo", all_idle, deadline, daemons)
+        wait_until(f"{len(lab.nodes)} nodes idle in sinfo", all_idle, time.monotonic() + timeout, daemons)
     except TimedOut as error:
         late = [node.name for node in lab.nodes if states.get(node.name) != "idle"]
         logs = ", ".join(f"{name} ({states.get(name, 'not listed')}): {d / 'log' / f'slurmd-{name}.log'}"
@@ -767,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--name", help="the lab's name (default: the topology's name)")
     p_up.add_argument("--subnet", help=f"the lab network (default: a free /24 of {POOL})")
     p_up.add_argument("--cpus", type=int, help="CPUs each node declares (default: this machine's cores)")
-    p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every node idle")
+    p_up.add_argument("--timeout", type=float, default=120.0, help="seconds for every node to be idle once slurmctld answers")
     p_up.add_argument("--prolog", help="the Prolog to install (default: the lab's testbed wrapper)")
     p_up.add_argument("--epilog", help="the Epilog to install (default: the lab's testbed wrapper)")
     p_up.add_argument("--slurmd", default="slurmd", help="the slurmd to run on each node (default: slurmd on PATH)")
