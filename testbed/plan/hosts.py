@@ -1,5 +1,7 @@
-"""The plan for real hosts over SSH: which host plays which node, and the tc/iptables commands that shape
-its inter-DC traffic per peer DC, with the commands that undo them. Pure: argv lists, nothing touches a host.
+"""The ssh backend's plan, a TestbedView (testbed.plan.view): which host plays which node, and the tc/iptables
+commands that shape its inter-DC traffic per peer DC, with the commands that undo them. Pure: argv lists, nothing
+touches a host. Each link end is one Shaping placed as a class of the host's root (testbed.plan.shaping.Placement),
+its commands rendered from it by testbed.plan.shaping.tc_argv.
 
 On each host, on the interface the inventory names:
   root  htb 7e57:                      unclassified traffic (intra-DC, SSH) passes unshaped
@@ -40,7 +42,8 @@ from testbed.spec.topology import Topology
 
 ROOT_MAJOR = 0x7E57
 ROOT_HANDLE = f"{ROOT_MAJOR:x}:"
-HOST_ROOT = TcObject("qdisc", "htb", tc_handle(ROOT_MAJOR), ROOT)  # no default: unclassified traffic is unshaped
+# default 0: unclassified traffic (intra-DC, SSH) is sent unshaped (pyroute2 alone would default to class :10)
+HOST_ROOT = TcObject("qdisc", "htb", tc_handle(ROOT_MAJOR), ROOT, {"default": 0})
 
 
 def comment(prefix: str) -> str:

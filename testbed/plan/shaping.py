@@ -199,7 +199,7 @@ def _options_argv(obj: TcObject) -> list[str]:
     """tc's words for an object's options (the same units netlink gets: tc converts them back)."""
     o = obj.options
     if (obj.what, obj.kind) == ("qdisc", "htb"):
-        return ["default", f"{o['default']:x}"] if "default" in o else []
+        return ["default", f"{o['default']:x}"] if o.get("default") else []  # tc's own default is 0
     if (obj.what, obj.kind) == ("class", "htb"):
         return ["rate", _bits(o["rate"]), "ceil", _bits(o["ceil"]), "burst", str(o["burst"]), "cburst",
                 str(o["cburst"]), "quantum", str(o["quantum"])]
