@@ -92,6 +92,7 @@ def resolve_address(address: str) -> str:
 class SlurmBackend(Backend):
     name: ClassVar[str] = "slurm"
     summary: ClassVar[str] = "Slurm nodes"
+    forks_ranks: ClassVar[bool] = True  # a fork server per node, one srun step each
     shared_clock: ClassVar[bool] = False  # each node its own clock
     shares_files: ClassVar[bool] = True  # the nodes share the file system the job plan is on
     emulated: ClassVar[bool] = False  # real nodes: a node's ranks share its GPUs
@@ -185,7 +186,7 @@ class SlurmBackend(Backend):
         if chosen == "prolog" or chosen == "auto":
             config = slurm(["scontrol", "show", "config"], what="scontrol show config")
             prolog, epilog = _config_value(config, "Prolog"), _config_value(config, "Epilog")
-            hooks = prolog not in ("", "(null)") and epilog not in ("", "(null)")
+            hooks = prolog not in ("", "(null)") and epilog not in ("", "(null)") and _may_be_ours(prolog)
             if chosen == "prolog":
                 if in_job:
                     raise FabricError("--root prolog: the Prolog of this allocation has run already; use sudo -n "
@@ -225,6 +226,14 @@ class SlurmBackend(Backend):
             fabric.down()
             return hosts + ([f"job {job} (slurm)"] if job and saved.backend_state.submitted else [])
         return clean_unrecorded(prefix, plan_path(DEFAULT_SHARED_DIR.expanduser(), prefix))
+
+
+def _may_be_ours(prolog: str) -> bool:
+    """Whether the cluster's Prolog may be testbed's: it names testbed, or it cannot be read from here."""
+    try:
+        return "testbed" in Path(prolog).read_text(errors="replace")
+    except OSError:
+        return True
 
 
 def clean_unrecorded(prefix: str, plan_file: Path) -> list[str]:

@@ -12,22 +12,28 @@ metrics directory included), as Slurm clusters do."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from testbed import rankenv
+from testbed.agents import forkserver
 from testbed.agents.tc import LinkCounters
 from testbed.atomic import write_text
 from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError, NotSupported
+from testbed.fabric.forkserver import NodeForkServers
+from testbed.fabric.kept_shell import ShellEnded, run_script
 from testbed.fabric.parallel import each_at_once
 from testbed.fabric.shipping import pass_env
 from testbed.fabric.slurm.cluster import granted_job, parse_job, salloc_argv
@@ -36,7 +42,8 @@ from testbed.fabric.slurm.node import dirs_of
 from testbed.fabric.slurm.state import SlurmState
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
-from testbed.plan.hosts import HostsPlan
+from testbed.plan.delayline import dump_config
+from testbed.plan.hosts import HostPlan, HostsPlan, class_commands
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
@@ -46,6 +53,8 @@ STEP_TIMEOUT_S = 120.0
 PROLOG_WAIT_S = 60.0
 JOB_END_S = 60.0
 HEALTH_CACHE_S = 2.0
+COUNTERS_SPLIT = "--testbed-counters--"
+DELAY_LINE_GONE = 17  # a re-shape script's exit status when the node's delay line is not there to reload
 
 
 def job_name(prefix: str) -> str:
@@ -120,6 +129,74 @@ def restore_by_job(prefix: str, nodes: list[str], timeout: float = STEP_TIMEOUT_
         raise FabricError(f"the cleanup job on {','.join(nodes)}: {' '.join(last) or f'exit {out.returncode}'}")
 
 
+class NodeShell:
+    """A root shell kept open on one node (`srun --overlap ... [sudo -n] sh`, its stdin and stdout piped here): a live
+    change is a script written to it, not a new job step (whose start and python import took 0.8 s here)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> bytes:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
+        return os.read(self.proc.stdout.fileno(), 65536) if ready else b""
+
+    def script(self, lines: list[str], timeout: float = 30.0) -> tuple[int, str]:
+        return run_script(self.send, self.recv, lines, timeout)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class SrunChannel:
+    """A fork server on one node (testbed.fabric.forkserver.Channel): an `srun` step whose stdin and stdout are
+    piped here, its stderr to `log`. Closing our end ends the server's stdin, and the server with its ranks."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                                         start_new_session=True)
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> bytes | None:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0.0))
+        if not ready:
+            return None
+        try:
+            return os.read(self.proc.stdout.fileno(), 1 << 16)
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class SlurmFabric(Fabric):
     """The nodes of one Slurm job."""
 
@@ -133,6 +210,7 @@ class SlurmFabric(Fabric):
         self.state: FabricState | None = None
         self._progress = on_progress or (lambda message: None)
         self._health: tuple[float, list[str]] | None = None
+        self._shells: dict[str, NodeShell] = {}  # Slurm node -> its kept root shell
 
     @property
     def plan(self) -> NetworkPlan | None:
@@ -292,6 +370,7 @@ class SlurmFabric(Fabric):
     def down(self) -> None:
         """Restore every node and end the job testbed asked for: a root step in the job while it runs (sudo), its
         Epilog at its end (both), and once it has ended with nodes unrestored, a cleanup job of its own."""
+        self.release_link_faults()
         record = self._record()
         failed: list[str] = []
         running = bool(record.job_id) and job_state(record.job_id) == "RUNNING"
@@ -335,18 +414,35 @@ class SlurmFabric(Fabric):
 
     def popen(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
         """argv as one task on the node that plays `node` (an `srun` step; its cwd the node's run directory)."""
-        placed = self._placed(node)
-        env = pass_env(kwargs.get("env"))
-        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            if name in env and placed.interface:
-                env[name] = placed.interface
-        if rankenv.METRICS_DIR in env:
-            Path(env[rankenv.METRICS_DIR]).mkdir(parents=True, exist_ok=True)  # shared with the nodes
-        workdir, _ = dirs_of(self.prefix, placed.slurm)
-        srun = self.srun_argv(placed.slurm, list(argv), cwd=f"{workdir}/run")
+        env, cwd, _ = self._node_env(node, kwargs.get("env"))
+        srun = self.srun_argv(self._placed(node).slurm, list(argv), cwd=cwd)
         return subprocess.Popen(srun, env=self._env(env), stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),
                                 stdin=kwargs.get("stdin", subprocess.DEVNULL), text=kwargs.get("text", False),
                                 start_new_session=kwargs.get("start_new_session", True))
+
+    def _node_env(self, node: str, env: dict[str, str] | None) -> tuple[dict[str, str], str, tuple[str, ...]]:
+        """A command's environment on `node` (the env contract, its interface for gloo and NCCL), its working
+        directory there, and the directories to create first (none: the metrics directory is shared)."""
+        placed = self._placed(node)
+        there = pass_env(env)
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if name in there and placed.interface:
+                there[name] = placed.interface
+        if rankenv.METRICS_DIR in there:
+            Path(there[rankenv.METRICS_DIR]).mkdir(parents=True, exist_ok=True)  # shared with the nodes
+        workdir, _ = dirs_of(self.prefix, placed.slurm)
+        return there, f"{workdir}/run", ()
+
+    def fork_server(self, preload: str, log: Path, env: dict[str, str]) -> NodeForkServers:
+        """A fork server on every node (one `srun` step each), all importing `preload` at once."""
+        def open_channel(node: str, node_log: Path) -> SrunChannel:
+            there, cwd, _ = self._node_env(node, env)
+            argv = self.srun_argv(self._placed(node).slurm, [sys.executable, "-m", forkserver.MODULE, forkserver.STDIO,
+                                                              preload], cwd=cwd)
+            return SrunChannel([*argv[:1], "--unbuffered", *argv[1:]], {**self._env(there), **there}, node_log)
+
+        assert self.job is not None
+        return NodeForkServers.start([item.node for item in self.job.nodes], log, open_channel, self._node_env)
 
     def shape(self, key: str, params: LinkParams) -> None:
         self.impair_all({key: params})
@@ -354,23 +450,64 @@ class SlurmFabric(Fabric):
     def impair(self, key: str, params: LinkParams) -> None:
         self.impair_all({key: params})
 
+    def prepare_link_faults(self) -> None:
+        """Open every node's kept root shell now (a job step's start), before a fault's clock starts."""
+        assert self.job is not None
+        if self._record().root == "sudo":
+            each_at_once(self._shell, [item.slurm for item in self.job.nodes])
+
+    def release_link_faults(self) -> None:
+        for shell in self._shells.values():
+            shell.close()
+        self._shells.clear()
+
+    def _shell(self, slurm_node: str) -> NodeShell:
+        if slurm_node not in self._shells:
+            self._shells[slurm_node] = NodeShell(self.srun_argv(slurm_node, ["sh"], root=True), self._env({}))
+        return self._shells[slurm_node]
+
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
-        """Rewrite the job plan with the change, then a root step on every node that sends or receives it."""
+        """Change directions live, every touched node at once through its kept root shell: `tc change` of each
+        direction it sends, the delay line's new configuration and SIGHUP where it receives one; the job plan is
+        rewritten with what the links carry now."""
         record = self._record()
         if record.root != "sudo":
             raise NotSupported("live link changes on Slurm need sudo -n on the nodes (the Prolog shapes only at "
                                "the job's start)")
         assert self.job is not None and self.state is not None
-        from dataclasses import asdict
-
         applied = {**self.state.applied_params(), **changes}
         self.job.overrides = {key: asdict(params) for key, params in applied.items()}
+        new = hosts_plan(self.job)
+        ends = [key.split("->") for key in changes]
+
+        def update(item: HostPlan) -> None:
+            lines = [shlex.join(argv) for (src, dst), params in zip(ends, changes.values()) if item.node.dc == src
+                     for argv in class_commands(item.host.interface, item.classes[dst], params, new.network.shaper,
+                                                verb="change")]
+            if item.delay_line and any(item.node.dc == dst for _, dst in ends):
+                _, memory = dirs_of(self.prefix, item.host.name)
+                config = f"{memory}/{item.host.name}.delayline.json"
+                status = f"{memory}/{item.host.name}.delayline.status"
+                lines += [f"printf %s {shlex.quote(dump_config(item.delay_line))} > {shlex.quote(config + '.tmp')}",
+                          f"mv {shlex.quote(config + '.tmp')} {shlex.quote(config)}",
+                          f"pid=$(sed -n 's/.*\"supervisor\": *\\([0-9]*\\).*/\\1/p' {shlex.quote(status)})",
+                          f'kill -HUP "$pid" || exit {DELAY_LINE_GONE}']
+            if not lines:
+                return
+            try:
+                code, said = self._shell(item.host.name).script(lines)
+            except (ShellEnded, OSError) as error:
+                self._shells.pop(item.host.name, None)
+                raise FabricError(f"{item.host.name}: its kept shell: {error}") from None
+            if code == DELAY_LINE_GONE:
+                raise FabricError(f"{item.host.name}: its delay line is not running; run `testbed up` again")
+            if code != 0:
+                raise FabricError(f"{item.host.name}: re-shaping {', '.join(changes)}: {said.strip()[-300:]}")
+
+        touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
+        each_at_once(update, touched)
         write_text(Path(record.plan_file), self.job.dump())
-        dcs = {dc for key in changes for dc in key.split("->")}
-        touched = [item for item in self.job.nodes if item.dc in dcs]
-        each_at_once(lambda item: self._node_call(item.slurm, ["reshape", record.plan_file, *changes], root=True),
-                     touched)
-        self.hosts_plan = hosts_plan(self.job)
+        self.hosts_plan = new
 
     def counters(self) -> dict[str, LinkCounters]:
         """Per direction: the sending nodes' leaf counters, the receiving nodes' accounting rules."""
@@ -379,8 +516,7 @@ class SlurmFabric(Fabric):
         if self._record().root != "sudo":
             raise NotSupported("link counters on Slurm need sudo -n on the nodes")
         totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.network.link_ends}
-        answers = each_at_once(lambda item: self._node_call(item.slurm, ["counters", self.prefix], root=True),
-                               list(plan.hosts))
+        answers = each_at_once(self._node_counters, list(plan.hosts))
         for item, answer in zip(plan.hosts, answers):
             for peer, classid in item.classes.items():
                 for qdisc in answer["qdiscs"]:
@@ -400,6 +536,24 @@ class SlurmFabric(Fabric):
                     row[2] += int(tokens[at + 2])
         return {key: LinkCounters(*values) for key, values in totals.items()}
 
+    def _node_counters(self, item: HostPlan) -> dict[str, Any]:
+        """A node's tc statistics and tagged accounting rules, read through its kept root shell."""
+        dev = shlex.quote(item.host.interface)
+        try:
+            code, said = self._shell(item.host.name).script([
+                f"tc -s -j qdisc show dev {dev}", f"echo {COUNTERS_SPLIT}",
+                "iptables -w -t mangle -S PREROUTING -v"])
+        except (ShellEnded, OSError) as error:
+            self._shells.pop(item.host.name, None)
+            raise FabricError(f"{item.host.name}: its kept shell: {error}") from None
+        if code != 0 or COUNTERS_SPLIT not in said:
+            raise FabricError(f"{item.host.name}: reading its counters: {said.strip()[-300:]}")
+        qdiscs, rules = said.split(COUNTERS_SPLIT, 1)
+        tag = f"testbed:{self.prefix}"
+        ours = [line for line in rules.splitlines() if line.startswith("-A PREROUTING") and "--comment" in line
+                and (f" {tag} " in line or f" {tag}:" in line or line.endswith(f" {tag}"))]
+        return {"qdiscs": json.loads(qdiscs.strip() or "[]"), "rules": ours}
+
     def status(self) -> dict[str, Any]:
         record = self._record()
         assert self.job is not None
@@ -417,13 +571,29 @@ class SlurmFabric(Fabric):
         return not any(item.node.dc == dst and item.host.name in dead for item in self.hosts_plan.hosts)
 
     def dead_delay_lines(self) -> list[str]:
-        """Nodes whose delay line is planned but not running (asked at most every 2 s)."""
+        """Nodes whose delay line is planned but not running: one job step on all of them at once, a shell that
+        reads each supervisor's pid from its status file (at most every 2 s)."""
         plan = self.hosts_plan
         assert plan is not None
         now = time.monotonic()
         if self._health is None or now - self._health[0] > HEALTH_CACHE_S:
-            items = [item for item in plan.hosts if item.delay_line]
-            answers = each_at_once(lambda item: self._node_call(item.host.name, ["alive", self.prefix]), items)
-            self._health = (now, [item.host.name for item, answer in zip(items, answers)
-                                  if answer["delay_line"] is not True])
+            nodes = [item.host.name for item in plan.hosts if item.delay_line]
+            alive = self._alive(nodes) if nodes else set()
+            self._health = (now, [node for node in nodes if node not in alive])
         return list(self._health[1])
+
+    def _alive(self, nodes: list[str]) -> set[str]:
+        status = f"/dev/shm/{self.prefix}$SLURMD_NODENAME/$SLURMD_NODENAME.delayline.status"
+        check = (f'pid=$(sed -n \'s/.*"supervisor": *\\([0-9]*\\).*/\\1/p\' "{status}" 2>/dev/null); '
+                 '[ -n "$pid" ] && [ -d "/proc/$pid" ] && echo "alive $SLURMD_NODENAME" || true')
+        argv = ["srun", f"--jobid={self._record().job_id}", "--overlap", f"--nodes={len(nodes)}",
+                f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--quiet",
+                "sh", "-c", check]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, env=self._env({}))
+        except subprocess.TimeoutExpired:
+            raise FabricError(f"asking {','.join(nodes)} for their delay lines: no answer") from None
+        if out.returncode != 0:
+            last = (out.stderr or out.stdout).strip().splitlines()[-1:]
+            raise FabricError(f"asking {','.join(nodes)} for their delay lines: {' '.join(last)}")
+        return {line.split()[1] for line in out.stdout.splitlines() if line.startswith("alive ")}

@@ -271,16 +271,6 @@ def restore(prefix: str, dirs: list[str], dev: str | None = None) -> dict:
     return {"node": node_name(), "processes": len(killed), "rules": len(rules), "qdiscs": qdiscs, "dirs": removed}
 
 
-def alive(prefix: str) -> dict:
-    """Whether this node's delay line is running (None: it has none)."""
-    _, memory = dirs_of(prefix, node_name())
-    _, status = _delay_files(memory, node_name())
-    if not status.exists():
-        return {"node": node_name(), "delay_line": None}
-    pid = json.loads(status.read_text()).get("supervisor")
-    return {"node": node_name(), "delay_line": bool(pid) and _alive(pid)}
-
-
 def prefix_ok(prefix: str) -> bool:
     return bool(PREFIX_PATTERN.match(prefix))
 
@@ -295,13 +285,11 @@ def main(argv: list[str]) -> int:
             result = reshape(argv[1], argv[2:])
         elif argv[:1] == ["counters"] and len(argv) == 2:
             result = counters(argv[1])
-        elif argv[:1] == ["alive"] and len(argv) == 2:
-            result = alive(argv[1])
         elif argv[:1] == ["restore"] and len(argv) >= 2:
             result = restore(argv[1], argv[2:] or list(dirs_of(argv[1], node_name())))
         else:
             print("usage: python -m testbed.fabric.slurm.node inspect PEER | apply PLANFILE [UID GID] | "
-                  "reshape PLANFILE KEY... | counters PREFIX | alive PREFIX | restore PREFIX [DIR...]", file=sys.stderr)
+                  "reshape PLANFILE KEY... | counters PREFIX | restore PREFIX [DIR...]", file=sys.stderr)
             return 2
     except (NodeError, OSError, KeyError, ValueError) as error:
         print(f"testbed: {error}", file=sys.stderr)

@@ -1,0 +1,219 @@
+"""The Slurm backend against a real Slurm: scripts/slurm-lab (slurmctld, and one slurmd per node of
+topologies/two-dc.yaml, each in a network namespace of its own; testbed's Prolog and Epilog installed as an admin
+installs them). The scenario the other backends pass (tests/fabric/test_backends.py: up, status, probe, a live
+shape, a partition on schedule), `scancel` in the middle and a SIGKILLed controller each followed by `clean`
+leaving every node as before, and a cluster where nobody can shape refused before any job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.fabric.test_backends import RTT_SLACK_MS, Backend, inter_dc_loss, probe
+
+pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[3]
+LAB = ROOT / "scripts" / "slurm-lab"
+TOPOLOGY = "topologies/two-dc.yaml"  # east-0, east-1, west-0, west-1: 10 ms one way, 1 Gbit/s
+NODES = ("east-0", "east-1", "west-0", "west-1")
+
+
+@dataclass
+class Lab:
+    name: str
+    env: dict[str, str]
+
+    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **self.env})
+
+    def in_node(self, node: str, *argv: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", f"slurmlab.{self.name}.{node}", *argv], capture_output=True,
+                              text=True, timeout=30).stdout
+
+    def left(self, prefix: str) -> list[str]:
+        """What testbed's `prefix` left on the lab: a node's root qdisc or tagged rule, its files and processes,
+        a job."""
+        out = []
+        for node in NODES:
+            root = self.in_node(node, "tc", "qdisc", "show", "dev", "eth0", "root")
+            if "7e57:" in root:
+                out.append(f"{node}: {root.strip()}")
+            rules = [line for line in self.in_node(node, "iptables", "-w", "-t", "mangle", "-S").splitlines()
+                     if f"testbed:{prefix}" in line]
+            out += [f"{node}: {line}" for line in rules]
+        for root in ("/var/tmp/testbed", "/dev/shm"):
+            out += [str(path) for path in Path(root).glob(f"{prefix}*")]
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(("/var/tmp/testbed/" + prefix, "/dev/shm/" + prefix)):
+                out.append(f"process {pid} in {cwd}")
+        jobs = self.run("squeue", "-h", "-o", "%i %j %T").stdout.split("\n")
+        out += [f"job {line}" for line in jobs if f"testbed-{prefix.rstrip('-')}" in line]
+        return out
+
+
+def lab_up(name: str, *options: str) -> Lab:
+    up = subprocess.run([str(LAB), "up", TOPOLOGY, "--name", name, *options], capture_output=True, text=True,
+                        timeout=300, cwd=ROOT)
+    assert up.returncode == 0, up.stderr[-2000:]
+    env = {}
+    for line in up.stdout.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            env[key] = shlex.split(value)[0]
+    assert "SLURM_CONF" in env, up.stdout
+    return Lab(name, env)
+
+
+def lab_down(lab: Lab) -> None:
+    subprocess.run([str(LAB), "down", lab.name], capture_output=True, timeout=300, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    made = lab_up(f"tb{uuid.uuid4().hex[:6]}")
+    yield made
+    lab_down(made)
+
+
+@pytest.fixture
+def slurm(lab: Lab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    """The backend as the shared scenario drives it; the test's prefix is torn down with SLURM_CONF still set."""
+    for key, value in lab.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    yield Backend("slurm", run_cli, ["--backend", "slurm"], leftovers=lambda: lab.left(prefix))
+
+
+FAULT_S = 6.0  # longer than tests/fabric/test_backends.py's 3 s: one `status` here takes 2-4 s at load 14-17
+
+
+def partition(backend: Backend) -> None:
+    """`testbed fault partition` (as test_backends.partition, for FAULT_S): 100 % loss both ways while it lasts,
+    as `status` sees it, applied and cleared within 0.25 s of their schedule (a script to each node's kept root
+    shell), the links as they were after."""
+    done: dict[str, subprocess.CompletedProcess] = {}
+    thread = threading.Thread(target=lambda: done.setdefault("fault", backend.cli(
+        "fault", "partition", "east", "west", "--for", f"{FAULT_S:g}s", timeout=120)))
+    thread.start()
+    deadline, seen = time.monotonic() + 60, {}
+    while thread.is_alive() and time.monotonic() < deadline:
+        seen = inter_dc_loss(backend)
+        if set(seen.values()) == {"100%"}:
+            break
+        time.sleep(0.2)
+    thread.join()
+    fault = done["fault"]
+    assert fault.returncode == 0, fault.stderr[-2000:]
+    assert set(seen.values()) == {"100%"}, (seen, fault.stdout)
+    ((applied, cleared),) = re.findall(r"applied at ([0-9.]+)s, cleared at ([0-9.]+)s", fault.stdout)
+    assert float(applied) <= backend.fault_bound_s, fault.stdout
+    assert FAULT_S <= float(cleared) <= FAULT_S + backend.fault_bound_s, fault.stdout
+    assert set(inter_dc_loss(backend).values()) == {"0%"}
+
+
+def job_of(lab: Lab, prefix: str) -> str:
+    return lab.run("squeue", "-h", "-n", f"testbed-{prefix.rstrip('-')}", "-o", "%i").stdout.strip()
+
+
+def test_up_status_probe_shape_partition_down(slurm: Backend, lab: Lab, prefix: str):
+    up = run_cli("up", "--backend", "slurm", TOPOLOGY, timeout=300)
+    assert up.returncode == 0, up.stderr[-2000:]
+    assert "up two-dc: 2 DCs, 4 nodes, shaper " in up.stdout
+    status = json.loads(run_cli("status", "--json", check=True).stdout)
+    assert status["backend"] == "slurm" and status["dead_delay_lines"] == []
+    assert [(h["node"], h["host"], h["interface"]) for h in status["hosts"]] == [(n, n, "eth0") for n in NODES]
+    for link in status["links"]:
+        assert "NOT" not in link["mechanism"], link
+    assert job_of(lab, prefix)
+
+    for pair in probe(slurm, seconds=3.0).values():
+        assert pair["rtt_applied_ms"] == pytest.approx(20.0) and pair["not_applied"] == ""
+        assert 20.0 <= pair["rtt_p50_ms"] <= 20.0 + RTT_SLACK_MS, pair
+        assert abs(pair["goodput_error"]) < 0.10, pair
+
+    shaped = run_cli("shape", "east", "west", "--latency", "4ms")
+    assert shaped.returncode == 0, shaped.stderr[-2000:]
+    for pair in probe(slurm).values():
+        assert pair["rtt_applied_ms"] == pytest.approx(8.0)
+        assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS, pair
+
+    partition(slurm)
+    for pair in probe(slurm).values():
+        assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS and pair["ping_loss"] == 0, pair
+
+    down = run_cli("down", timeout=300)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert slurm.leftovers() == []
+
+
+def test_scancel_in_the_middle_then_clean_leaves_every_node_as_before(slurm: Backend, lab: Lab, prefix: str):
+    assert run_cli("up", "--backend", "slurm", TOPOLOGY, timeout=300).returncode == 0
+    job = job_of(lab, prefix)
+    assert job and lab.left(prefix)  # shaped: there is something to restore
+    assert lab.run("scancel", job).returncode == 0
+    clean = run_cli("clean", timeout=300)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    assert slurm.leftovers() == []
+    assert run_cli("status").returncode != 0  # no state left either
+
+
+def test_a_sigkilled_controller_is_cleaned_up_after(slurm: Backend, lab: Lab, prefix: str, tmp_path: Path):
+    """`testbed run` with its ranks sleeping on the nodes (srun steps), SIGKILLed: the allocation, the shaping and
+    the ranks outlive it; `clean` ends them all."""
+    controller = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "--backend", "slurm", "--topology",
+                                   TOPOLOGY, "--out", str(tmp_path), "--", "sleep", "600"], cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while lab.run("squeue", "-s", "-h", "-o", "%j").stdout.split().count("sleep") < len(NODES):
+            assert controller.poll() is None and time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.5)
+        os.killpg(controller.pid, signal.SIGKILL)
+    finally:
+        controller.kill()
+        controller.wait()
+    assert any(line.startswith("process") for line in lab.left(prefix))  # the ranks outlived their controller
+    clean = run_cli("clean", timeout=300)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    assert slurm.leftovers() == []
+
+
+def test_a_cluster_where_nobody_can_shape_is_refused_before_any_job(prefix: str, monkeypatch: pytest.MonkeyPatch):
+    """A Prolog and Epilog that are not testbed's, and a user without sudo: one line naming both ways, no job."""
+    from testbed.fabric import lifecycle
+    from testbed.fabric.errors import FabricError
+    from testbed.fabric.slurm import backend as slurm_backend
+    from testbed.spec.topology import load_topology
+
+    other = lab_up(f"tb{uuid.uuid4().hex[:6]}", "--prolog", "/bin/true", "--epilog", "/bin/true")
+    try:
+        for key, value in other.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(slurm_backend, "can_be_root", lambda: False)  # a user without sudo (tests run as root)
+        with pytest.raises(FabricError) as refused:
+            lifecycle.bring_up(load_topology(ROOT / TOPOLOGY), prefix=prefix,
+                               backend=lifecycle.make_backend("slurm"))
+        message = str(refused.value)
+        assert "\n" not in message and "testbed slurm prolog|epilog" in message and "sudo -n" in message, message
+        assert other.run("squeue", "-h").stdout.strip() == ""  # nothing was submitted
+    finally:
+        lab_down(other)
