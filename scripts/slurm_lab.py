@@ -192,8 +192,11 @@ def default_name(topology_name: str) -> str:
 def load_nodes(path: str) -> tuple[str, list[tuple[str, str]]]:
     """The topology's name and its (node, DC) pairs, as testbed names them; UsageError for an unusable file."""
     sys.path.insert(0, str(REPO))
-    from testbed.spec.errors import SpecError
-    from testbed.spec.topology import load_topology
+    try:
+        from testbed.spec.errors import SpecError
+        from testbed.spec.topology import load_topology
+    except ImportError as error:
+        raise UsageError(f"cannot read topologies without testbed's dependencies ({error}): run scripts/setup") from None
 
     try:
         topology = load_topology(path)
