@@ -15,6 +15,7 @@ appended and flushed as it is written (a line cut by a crash is skipped when rea
 
     {"event": "start", "rank": 0, "time": 1767000000.0, "source": "steplog", ...}   optional, first
     {"event": "step", "step": 0, "rank": 0, "wall_s": 0.305, "tokens": 8192, "loss": 5.41, "time": ...}
+    {"event": "end", "rank": 0, "steps": 12, "time": ...}                            close(): the script is done
 
 A step line needs `event` ("step"), `step` (0, 1, ... the same numbering on every rank), `rank`, `wall_s`
 (seconds this rank spent on the step) and `tokens` (tokens this rank trained on in the step: the step's
@@ -69,6 +70,20 @@ def read_records(path: str | os.PathLike, containing: str | None = None) -> list
     return records
 
 
+END = "end"  # the event StepLog.close() writes: the script said it is done with its steps
+
+
+def closed(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The end line of one rank's file when its script closed its StepLog after its last step (a process that ends
+    by a signal after it is how the runner tells an abort in teardown from a death mid-run), else None."""
+    try:
+        records = read_records(path)
+    except OSError:
+        return None
+    last = next((record for record in reversed(records) if record.get("event") in (END, "step")), None)
+    return last if last is not None and last.get("event") == END else None
+
+
 AUTOMATIC = "autostep"  # the `source` of the step lines testbed's optimizer hook writes (testbed.workload.autostep)
 
 
@@ -117,7 +132,9 @@ class StepLog:
         return record
 
     def close(self) -> None:
+        """The script is done with its steps: one end line, then the file is closed (again: nothing)."""
         if self._file is not None:
+            self._write({"event": END, "rank": self.rank, "steps": self.steps, "time": time.time()})
             self._file.close()
             self._file = None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed.collect.report import build_report
-from testbed.steplog import StepLog
+from testbed.steplog import StepLog, closed
 from tests.conftest import ROOT
 
 
@@ -42,10 +42,24 @@ def test_lines_follow_the_documented_format(tmp_path, monkeypatch):
         log.step(tokens=128, wall_s=0.5, exposed_s=0.1)
     lines = [json.loads(line) for line in (tmp_path / "rank3.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "start" and lines[0]["rank"] == 3 and lines[0]["parameters"] == 10
-    assert [(r["event"], r["step"], r["rank"], r["tokens"]) for r in lines[1:]] == [("step", 0, 3, 128.0),
-                                                                                   ("step", 1, 3, 128.0)]
+    assert [(r["event"], r["step"], r["rank"], r["tokens"]) for r in lines[1:3]] == [("step", 0, 3, 128.0),
+                                                                                    ("step", 1, 3, 128.0)]
     assert lines[1]["loss"] == 4.0 and lines[1]["wall_s"] >= 0
     assert lines[2]["wall_s"] == 0.5 and lines[2]["exposed_s"] == 0.1 and lines[2]["loss"] is None
+    assert lines[3]["event"] == "end" and lines[3]["steps"] == 2 and len(lines) == 4  # close(): the script is done
+
+
+def test_the_file_says_closed_only_after_close_and_until_the_next_step(tmp_path):
+    path = tmp_path / "rank0.jsonl"
+    log = StepLog(tmp_path, rank=0)
+    log.step(tokens=1)
+    assert closed(path) is None
+    log.close()
+    log.close()  # twice: one end line
+    assert closed(path)["steps"] == 1 and path.read_text().count('"end"') == 1
+    again = StepLog(tmp_path, rank=0)  # the script logs again (a second phase): not closed until that one is
+    again.step(tokens=1)
+    assert closed(path) is None and closed(tmp_path / "missing.jsonl") is None
 
 
 def fake_command_run(run_dir: Path, walls: dict[str, list[list[float]]]) -> None:

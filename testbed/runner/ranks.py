@@ -24,6 +24,7 @@ from testbed.plan.network import NetworkPlan, Node
 from testbed.rankenv import RankEnv
 from testbed.runner.straggler import ShellStraggler, Straggler, start_straggler
 from testbed.spec.topology import Topology
+from testbed.steplog import closed
 
 LOG_TAIL = 12
 WORKLOAD = "testbed.workload"  # the built-in workload: what the fork launcher runs
@@ -34,6 +35,12 @@ LAUNCHERS = ("auto", "fork", "exec")  # auto: fork where the backend can, else e
 # optimizer step hook of testbed.workload.autostep (step metrics without a line of the script changed)
 AUTOSTEP_SITE = Path(__file__).resolve().parents[1] / "workload" / "autostep_site"
 INTERPRETER_NOTE = "testbed: no torch in the interpreter this rank ran: "  # that hook's line, then the path
+# signals a process raises on itself when its native teardown fails at exit (std::terminate's abort, a crash in a
+# destructor); never a fault's or a user's kill (SIGKILL, SIGTERM, SIGINT)
+TEARDOWN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV)
+# DDP keeps gloo's process group (its threads, rank 0's TCPStore server) alive after destroy_process_group(), so
+# exit() can race them: "terminate called without an active exception" (see teardown_note)
+TORCH_TEARDOWN = "https://github.com/pytorch/pytorch/issues/129477"
 
 
 def workload_argv(args: list[str]) -> list[str]:
@@ -139,6 +146,20 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
     return specs
 
 
+def teardown_note(spec: RankSpec, code: int | None) -> str | None:
+    """Why a rank that ended by a TEARDOWN_SIGNALS signal after its script closed its StepLog (testbed.steplog's end
+    line: every step recorded) still counts as finished: the note the cell keeps. None for any other end, and where
+    the rank's metrics file is not on this machine (docker, ssh: such a rank counts as dead)."""
+    if code is None or -code not in TEARDOWN_SIGNALS or rankenv.METRICS_DIR not in spec.env:
+        return None
+    end = closed(Path(spec.env[rankenv.METRICS_DIR]) / f"rank{spec.rank}.jsonl")
+    if end is None:
+        return None
+    return (f"rank {spec.rank} on {spec.node.name} ended by signal {-code} ({signal.Signals(-code).name}) after its "
+            f"script closed its step log ({end.get('steps')} steps recorded): an abort in the interpreter's native "
+            f"teardown at exit, after the work; results kept (torch: {TORCH_TEARDOWN})")
+
+
 def died_order(proc) -> tuple[int, int]:
     """When its fork server saw `proc` end among the run's ranks (ForkedProcess.order: smaller is earlier, equal
     is not known apart); (0, 0) for an exec'd one (unknown)."""
@@ -185,18 +206,24 @@ class RankGroup:
               health: Callable[[], str | None] | None = None) -> Outcome:
         """Until every rank exits 0 (ok), one exits non-zero, health() names a problem, or time runs out."""
         start = time.monotonic()
+        notes: dict[int, str] = {}  # ranks that ended by a signal in teardown, after their steps (teardown_note)
         while True:
             codes = [proc.poll() for proc in self.procs]
+            for spec, code in zip(self.specs, codes):
+                if code not in (None, 0) and spec.rank not in notes:
+                    note = teardown_note(spec, code)
+                    if note is not None:
+                        notes[spec.rank] = note
             dead = [(died_order(proc), spec, code) for spec, proc, code in zip(self.specs, self.procs, codes)
-                    if code not in (None, 0)]
+                    if code not in (None, 0) and spec.rank not in notes]
             if dead:  # the first to die (where known; else one ended by a signal, as a killed rank is, before one that
                 # exited with an error, as its peers do when its connections reset), then the lowest rank
                 _, spec, code = min(dead, key=lambda item: (item[0], item[2] > 0, item[1].rank))
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
                                self.tail(spec.rank), time.monotonic() - start, died=True)
-            if all(code == 0 for code in codes):
-                return Outcome(True, seconds=time.monotonic() - start)
+            if all(code == 0 or spec.rank in notes for spec, code in zip(self.specs, codes)):
+                return Outcome(True, "; ".join(notes.values()), seconds=time.monotonic() - start)
             problem = health() if health else None
             if problem:
                 return Outcome(False, problem, None, None, time.monotonic() - start)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed import rankenv
 from testbed.fabric.process import PopenLike
 from testbed.plan.network import Node
 from testbed.runner.ranks import RankGroup, RankSpec
+from testbed.steplog import StepLog
 
 
 class Ended(PopenLike):
@@ -49,3 +51,37 @@ def test_ranks_seen_ending_in_one_pump_of_different_servers_tie(tmp_path):
     """Fork servers of different nodes (docker) are pumped in turn: equal orders, so the signal decides."""
     outcome = group(tmp_path, [Ended(1, order=(5, 0)), Ended(-9, order=(5, 0))]).watch(5)
     assert outcome.failed_rank == 1 and "signal 9" in outcome.reason
+
+
+def closed_group(tmp_path: Path, code: int, close: bool) -> RankGroup:
+    """Rank 0 wrote two steps with StepLog (and closed it when `close`), then ended with `code`; rank 1 exited 0."""
+    log = StepLog(tmp_path / "metrics", rank=0)
+    log.step(tokens=8)
+    log.step(tokens=8)
+    if close:
+        log.close()
+    watched = group(tmp_path, [Ended(code), Ended(0)])
+    watched.specs = [RankSpec(s.rank, s.node, 0, {rankenv.METRICS_DIR: str(tmp_path / "metrics")})
+                     for s in watched.specs]
+    return watched
+
+
+def test_an_abort_after_the_script_closed_its_step_log_is_teardown_kept_as_a_note(tmp_path):
+    """torch's gloo threads outlive destroy_process_group() under DDP: exit() can abort (signal 6) after the work."""
+    outcome = closed_group(tmp_path, -6, close=True).watch(5)
+    assert outcome.ok and not outcome.died
+    assert "rank 0 on east-0 ended by signal 6 (SIGABRT)" in outcome.reason and "2 steps recorded" in outcome.reason
+
+
+def test_an_abort_before_the_step_log_is_closed_is_a_death(tmp_path):
+    outcome = closed_group(tmp_path, -6, close=False).watch(5)
+    assert not outcome.ok and outcome.died and outcome.failed_rank == 0 and "signal 6" in outcome.reason
+
+
+def test_a_kill_after_the_step_log_is_closed_is_a_death(tmp_path):
+    outcome = closed_group(tmp_path, -9, close=True).watch(5)
+    assert not outcome.ok and outcome.died and "signal 9" in outcome.reason
+
+
+def test_an_error_exit_after_the_step_log_is_closed_is_a_death(tmp_path):
+    assert not closed_group(tmp_path, 1, close=True).watch(5).ok
