@@ -25,7 +25,7 @@ from pathlib import Path
 from testbed import settings
 from testbed.fabric.errors import FabricError
 from testbed.fabric.state import runtime_root, state_dir, state_path
-from testbed.waiting import alive
+from testbed.waiting import proc_stat
 
 OWNERS_DIR_ENV = settings.OWNERS_DIR
 LOCK_SUFFIX = ".lock"
@@ -50,7 +50,8 @@ class Owner:
         return f"pid {self.pid} ({self.command}) since {when} UTC"
 
     def lives(self) -> bool:
-        return alive(self.pid) and process_start(self.pid) == self.pid_start
+        stat = proc_stat(self.pid)
+        return stat is not None and stat.running and stat.start == self.pid_start
 
 
 class HeldElsewhere(FabricError):
@@ -79,11 +80,8 @@ def lock_path(prefix: str) -> Path:
 
 def process_start(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat: when the process started, in clock ticks after boot (None: no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = proc_stat(pid)
+    return None if stat is None else stat.start
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -13,13 +13,15 @@ SIGKILL of pytest or of scripts/uml-run at any moment leaves nothing:
   watch was killed too.
 
 The namespaces, veths and qdiscs the tests make live inside UML's own kernel: they end with it, nothing reaches the
-host's network. Run as a script, it needs nothing but the standard library (no import of this checkout).
+host's network. Run as a script, it needs nothing but the standard library (of this checkout only
+testbed/waiting.py, standard library only too, loaded by its path).
 
     python tests/support/uml/reaper.py LAB   (stdin: the owner's pipe)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -37,15 +39,19 @@ OWNER = "owner"
 UNOWNED_GRACE_S = 60.0  # a lab with no owner record yet may be in the making: left alone for this long
 
 
+_spec = importlib.util.spec_from_file_location("_testbed_waiting", Path(__file__).resolve().parents[3] / "testbed"
+                                               / "waiting.py")
+assert _spec is not None and _spec.loader is not None
+waiting = sys.modules["_testbed_waiting"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+_spec.loader.exec_module(waiting)
+
+
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None if it is gone:
     with the pid, it names one process (a pid alone is reused)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else fields[19]  # a zombie has ended: only its parent has not noticed
+    stat = waiting.proc_stat(pid)
+    return str(stat.start) if stat is not None and stat.running else None  # a zombie has ended: only its parent
+    # has not noticed
 
 
 def claim(lab: Path, pid: int | None = None) -> None:
