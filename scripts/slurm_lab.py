@@ -558,6 +558,18 @@ def build_network(lab: Lab) -> None:
         ip("-n", ns, "link", "set", "lo", "up")
 
 
+HOOKS = ("prolog", "epilog")
+
+
+def ask_testbed(testbed: str) -> dict[str, subprocess.Popen]:
+    """Start asking `testbed slurm prolog|epilog --help` (a Python start: seconds on a loaded machine, so it runs
+    while the lab comes up)."""
+    if not os.access(testbed, os.X_OK):
+        return {}
+    return {which: subprocess.Popen([testbed, "slurm", which, "--help"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True) for which in HOOKS}
+
+
 def answered(proc: subprocess.Popen, timeout: float = 60.0) -> bool:
     try:
         return proc.wait(timeout=timeout) == 0
@@ -565,6 +577,15 @@ def answered(proc: subprocess.Popen, timeout: float = 60.0) -> bool:
         proc.kill()
         proc.wait()
         return False
+
+
+def install_wrapper(lab: Lab, which: str, testbed: str, *, has_it: bool) -> None:
+    """Write STATE/<which> whole before it can run (a new file renamed over the old one)."""
+    path = lab.dir / which
+    fresh = path.with_name(f".{which}.new")
+    fresh.write_text(hook_wrapper(lab, which, testbed, has_it))
+    fresh.chmod(0o755)
+    fresh.replace(path)
 
 
 def write_files(lab: Lab, prolog: str | None, epilog: str | None, testbed: str) -> None:
@@ -577,13 +598,8 @@ def write_files(lab: Lab, prolog: str | None, epilog: str | None, testbed: str) 
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
     with os.fdopen(fd, "wb") as out:
         out.write(os.urandom(1024))
-    asked = {which: subprocess.Popen([testbed, "slurm", which, "--help"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL) if os.access(testbed, os.X_OK) else None
-             for which in ("prolog", "epilog")}
-    for which, proc in asked.items():  # written even when others are installed: one to fall back on
-        path = d / which
-        path.write_text(hook_wrapper(lab, which, testbed, proc is not None and answered(proc)))
-        path.chmod(0o755)
+    for which in HOOKS:  # written even when others are installed: one to fall back on
+        install_wrapper(lab, which, testbed, has_it=False)
     (d / "slurm.conf").write_text(slurm_conf(lab, prolog or str(d / "prolog"), epilog or str(d / "epilog")))
     (d / "cgroup.conf").write_text("# slurmd aborts on 'No filesystem mounted on /sys/fs/cgroup' without it\n"
                                    "CgroupPlugin=cgroup/v1\n")
@@ -713,6 +729,7 @@ def up(args: argparse.Namespace) -> None:
     plan_lab(name, subnet, nodes, 1)  # refuses a topology the subnet has no room for, before anything is made
     ready = state_dir(name) / "lab.json"
     started = time.monotonic()
+    asked: dict[str, subprocess.Popen] = {}
     with locked(name, wait=0.0):
         with contextlib.suppress(OSError, ValueError):
             if json.loads(ready.read_text()).get("ready") and lab_processes(name):
@@ -722,18 +739,26 @@ def up(args: argparse.Namespace) -> None:
             left = sweep(name, keep_lock=True)
             if left:
                 say(f"swept what an earlier lab {name} left: {', '.join(left)}")
+            testbed = find_testbed(args.testbed)
+            asked.update(ask_testbed(testbed))
             with allocating():
                 lab = plan_lab(name, args.subnet or free_subnet(name), nodes, args.cpus or os.cpu_count() or 1)
                 write_files(lab, args.prolog and str(Path(args.prolog).resolve()),
-                            args.epilog and str(Path(args.epilog).resolve()), find_testbed(args.testbed))
+                            args.epilog and str(Path(args.epilog).resolve()), testbed)
             build_network(lab)
             start_daemons(lab, args.timeout, args.slurmd)
+            for which, proc in asked.items():
+                if answered(proc):
+                    install_wrapper(lab, which, testbed, has_it=True)
             record = json.loads(ready.read_text())
             record.update(ready=True, up_seconds=round(time.monotonic() - started, 2))
             ready.write_text(json.dumps(record, indent=1) + "\n")
         except BaseException as error:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)
+            for proc in asked.values():
+                proc.kill()
+                proc.wait()
             failed = isinstance(error, LabError)
             say(f"taking down what was made of lab {name}" +
                 (f", but its logs: {state_dir(name) / 'log'} (`scripts/slurm-lab down {name}` removes them)"
