@@ -17,7 +17,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm-lab"
 STATE_ROOT = Path("/var/tmp")  # scripts/slurm_lab.py's STATE_ROOT: a lab's state is <root>/testbed-slurm-lab-<name>
-BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sinfo", "/usr/bin/srun", "/usr/sbin/munged")
 
 
 def state_dir(name: str) -> Path:
