@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -17,90 +16,60 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
 from tests.fabric.test_backends import RTT_SLACK_MS, Backend, inter_dc_loss, probe
+from tests.support.slurm_lab import SlurmLab, running_lab
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[3]
-LAB = ROOT / "scripts" / "slurm-lab"
 TOPOLOGY = "topologies/two-dc.yaml"  # east-0, east-1, west-0, west-1: 10 ms one way, 1 Gbit/s
 NODES = ("east-0", "east-1", "west-0", "west-1")
 
 
-@dataclass
-class Lab:
-    name: str
-    env: dict[str, str]
+def left_by(lab: SlurmLab, prefix: str) -> list[str]:
+    """What testbed's `prefix` left on the lab: a node's root qdisc or tagged rule, its files and processes, a job."""
+    out = []
+    for node in NODES:
+        def there(*argv: str, node: str = node) -> str:
+            return subprocess.run(["ip", "netns", "exec", f"slurmlab.{lab.name}.{node}", *argv], capture_output=True,
+                                  text=True, timeout=30).stdout
 
-    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **self.env})
-
-    def in_node(self, node: str, *argv: str) -> str:
-        return subprocess.run(["ip", "netns", "exec", f"slurmlab.{self.name}.{node}", *argv], capture_output=True,
-                              text=True, timeout=30).stdout
-
-    def left(self, prefix: str) -> list[str]:
-        """What testbed's `prefix` left on the lab: a node's root qdisc or tagged rule, its files and processes,
-        a job."""
-        out = []
-        for node in NODES:
-            root = self.in_node(node, "tc", "qdisc", "show", "dev", "eth0", "root")
-            if "7e57:" in root:
-                out.append(f"{node}: {root.strip()}")
-            rules = [line for line in self.in_node(node, "iptables", "-w", "-t", "mangle", "-S").splitlines()
-                     if f"testbed:{prefix}" in line]
-            out += [f"{node}: {line}" for line in rules]
-        for root in ("/var/tmp/testbed", "/dev/shm"):
-            out += [str(path) for path in Path(root).glob(f"{prefix}*")]
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if cwd.startswith(("/var/tmp/testbed/" + prefix, "/dev/shm/" + prefix)):
-                out.append(f"process {pid} in {cwd}")
-        jobs = self.run("squeue", "-h", "-o", "%i %j %T").stdout.split("\n")
-        out += [f"job {line}" for line in jobs if f"testbed-{prefix.rstrip('-')}" in line]
-        return out
-
-
-def lab_up(name: str, *options: str) -> Lab:
-    up = subprocess.run([str(LAB), "up", TOPOLOGY, "--name", name, *options], capture_output=True, text=True,
-                        timeout=300, cwd=ROOT)
-    assert up.returncode == 0, up.stderr[-2000:]
-    env = {}
-    for line in up.stdout.splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
-            env[key] = shlex.split(value)[0]
-    assert "SLURM_CONF" in env, up.stdout
-    return Lab(name, env)
-
-
-def lab_down(lab: Lab) -> None:
-    subprocess.run([str(LAB), "down", lab.name], capture_output=True, timeout=300, cwd=ROOT)
+        root = there("tc", "qdisc", "show", "dev", "eth0", "root")
+        if "7e57:" in root:
+            out.append(f"{node}: {root.strip()}")
+        out += [f"{node}: {line}" for line in there("iptables", "-w", "-t", "mangle", "-S").splitlines()
+                if f"testbed:{prefix}" in line]
+    for root in ("/var/tmp/testbed", "/dev/shm"):
+        out += [str(path) for path in Path(root).glob(f"{prefix}*")]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd.startswith(("/var/tmp/testbed/" + prefix, "/dev/shm/" + prefix)):
+            out.append(f"process {pid} in {cwd}")
+    jobs = lab.slurm("squeue", "-h", "-o", "%i %j %T").stdout.splitlines()
+    return out + [f"job {line}" for line in jobs if f"testbed-{prefix.rstrip('-')}" in line]
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    made = lab_up(f"tb{uuid.uuid4().hex[:6]}")
-    yield made
-    lab_down(made)
+def lab() -> Iterator[SlurmLab]:
+    with running_lab(ROOT / TOPOLOGY, f"tb{uuid.uuid4().hex[:6]}") as made:
+        yield made
 
 
 @pytest.fixture
-def slurm(lab: Lab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+def slurm(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
     """The backend as the shared scenario drives it; the test's prefix is torn down with SLURM_CONF still set."""
-    for key, value in lab.env.items():
-        monkeypatch.setenv(key, value)
+    for key in ("SLURM_CONF", "SLURMLAB_NAME", "SLURMLAB_DIR"):
+        monkeypatch.setenv(key, lab.env[key])
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield Backend("slurm", run_cli, ["--backend", "slurm"], leftovers=lambda: lab.left(prefix))
+    yield Backend("slurm", run_cli, ["--backend", "slurm"], leftovers=lambda: left_by(lab, prefix))
 
 
 FAULT_S = 6.0  # longer than tests/fabric/test_backends.py's 3 s: one `status` here takes 2-4 s at load 14-17
@@ -130,11 +99,11 @@ def partition(backend: Backend) -> None:
     assert set(inter_dc_loss(backend).values()) == {"0%"}
 
 
-def job_of(lab: Lab, prefix: str) -> str:
-    return lab.run("squeue", "-h", "-n", f"testbed-{prefix.rstrip('-')}", "-o", "%i").stdout.strip()
+def job_of(lab: SlurmLab, prefix: str) -> str:
+    return lab.slurm("squeue", "-h", "-n", f"testbed-{prefix.rstrip('-')}", "-o", "%i").stdout.strip()
 
 
-def test_up_status_probe_shape_partition_down(slurm: Backend, lab: Lab, prefix: str):
+def test_up_status_probe_shape_partition_down(slurm: Backend, lab: SlurmLab, prefix: str):
     up = run_cli("up", "--backend", "slurm", TOPOLOGY, timeout=300)
     assert up.returncode == 0, up.stderr[-2000:]
     assert "up two-dc: 2 DCs, 4 nodes, shaper " in up.stdout
@@ -165,18 +134,18 @@ def test_up_status_probe_shape_partition_down(slurm: Backend, lab: Lab, prefix: 
     assert slurm.leftovers() == []
 
 
-def test_scancel_in_the_middle_then_clean_leaves_every_node_as_before(slurm: Backend, lab: Lab, prefix: str):
+def test_scancel_in_the_middle_then_clean_leaves_every_node_as_before(slurm: Backend, lab: SlurmLab, prefix: str):
     assert run_cli("up", "--backend", "slurm", TOPOLOGY, timeout=300).returncode == 0
     job = job_of(lab, prefix)
-    assert job and lab.left(prefix)  # shaped: there is something to restore
-    assert lab.run("scancel", job).returncode == 0
+    assert job and left_by(lab, prefix)  # shaped: there is something to restore
+    assert lab.slurm("scancel", job, check=False).returncode == 0
     clean = run_cli("clean", timeout=300)
     assert clean.returncode == 0, clean.stderr[-2000:]
     assert slurm.leftovers() == []
     assert run_cli("status").returncode != 0  # no state left either
 
 
-def test_a_sigkilled_controller_is_cleaned_up_after(slurm: Backend, lab: Lab, prefix: str, tmp_path: Path):
+def test_a_sigkilled_controller_is_cleaned_up_after(slurm: Backend, lab: SlurmLab, prefix: str, tmp_path: Path):
     """`testbed run` with its ranks sleeping on the nodes (srun steps), SIGKILLed: the allocation, the shaping and
     the ranks outlive it; `clean` ends them all."""
     controller = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "--backend", "slurm", "--topology",
@@ -184,14 +153,14 @@ def test_a_sigkilled_controller_is_cleaned_up_after(slurm: Backend, lab: Lab, pr
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while lab.run("squeue", "-s", "-h", "-o", "%j").stdout.split().count("sleep") < len(NODES):
+        while lab.slurm("squeue", "-s", "-h", "-o", "%j").stdout.split().count("sleep") < len(NODES):
             assert controller.poll() is None and time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.5)
         os.killpg(controller.pid, signal.SIGKILL)
     finally:
         controller.kill()
         controller.wait()
-    assert any(line.startswith("process") for line in lab.left(prefix))  # the ranks outlived their controller
+    assert any(line.startswith("process") for line in left_by(lab, prefix))  # the ranks outlived their controller
     clean = run_cli("clean", timeout=300)
     assert clean.returncode == 0, clean.stderr[-2000:]
     assert slurm.leftovers() == []
@@ -204,16 +173,14 @@ def test_a_cluster_where_nobody_can_shape_is_refused_before_any_job(prefix: str,
     from testbed.fabric.slurm import backend as slurm_backend
     from testbed.spec.topology import load_topology
 
-    other = lab_up(f"tb{uuid.uuid4().hex[:6]}", "--prolog", "/bin/true", "--epilog", "/bin/true")
-    try:
-        for key, value in other.env.items():
-            monkeypatch.setenv(key, value)
+    with running_lab(ROOT / TOPOLOGY, f"tb{uuid.uuid4().hex[:6]}", "--prolog", "/bin/true", "--epilog",
+                     "/bin/true") as other:
+        for key in ("SLURM_CONF", "SLURMLAB_NAME", "SLURMLAB_DIR"):
+            monkeypatch.setenv(key, other.env[key])
         monkeypatch.setattr(slurm_backend, "can_be_root", lambda: False)  # a user without sudo (tests run as root)
         with pytest.raises(FabricError) as refused:
             lifecycle.bring_up(load_topology(ROOT / TOPOLOGY), prefix=prefix,
                                backend=lifecycle.make_backend("slurm"))
         message = str(refused.value)
         assert "\n" not in message and "testbed slurm prolog|epilog" in message and "sudo -n" in message, message
-        assert other.run("squeue", "-h").stdout.strip() == ""  # nothing was submitted
-    finally:
-        lab_down(other)
+        assert other.slurm("squeue", "-h").stdout.strip() == ""  # nothing was submitted
