@@ -26,14 +26,13 @@ import yaml
 
 from testbed.fabric.lifecycle import bring_up
 from testbed.plan.hosts import MEMORY_ROOT
-from testbed.spec.topology import topology_from_data
 from tests.conftest import namespaces_with, run_cli
 from tests.needs import unavailable
+from tests.support.topologies import make_topology, pair_data
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
 
-PAIR = {"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-        "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "200mbit"}]}
+PAIR = pair_data(latency="10ms", bandwidth="200mbit")
 # above the configured round trip: endpoints, veths, a loaded 2-core machine, and its hypervisor: on 2026-11-26
 # 16:40 netns measured 11.14 ms for 8 ms (p50 of 30 pings) while 9-33 % of the CPU was stolen (/proc/stat);
 # 5 ms still tells the reshaped 8 ms from the 20 ms the link had before, and 20 ms from an unshaped link (~0)
@@ -78,7 +77,7 @@ def ssh(prefix: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
 
     if not os.access(SSHD, os.X_OK):
         unavailable(f"no {SSHD}")
-    lab = bring_up(topology_from_data({"name": "lab", "dcs": [{"name": "lab", "nodes": 3}]}), prefix=prefix)
+    lab = bring_up(make_topology("lab", {"lab": 3}), prefix=prefix)
     hosts = start_hosts(lab, tmp_path, {"east": ["lab-0"], "west": ["lab-1"]}, workdir=str(tmp_path / "remote"))
     request.addfinalizer(hosts.stop)
     ssh_prefix = f"{prefix}s-"

@@ -18,11 +18,10 @@ from testbed.fabric.errors import NotSupported
 from testbed.runner.faults import FaultDriver, step_starts
 from testbed.spec.faults import Fault
 from testbed.spec.link import LinkParams
-from testbed.spec.topology import topology_from_data
 from tests.support.fake_backend import LOG, FakeFabric
+from tests.support.topologies import pair_topology
 
-TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                               "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
+TOPOLOGY = pair_topology("duo", latency="5ms", bandwidth="1gbit")
 PREFIX = "tbf-"
 # the fake backends only; the fake testbeds are brought up and never torn down: their lock files stay beside their
 # state, not the host's (tests/support/fakes.py)

@@ -14,13 +14,12 @@ from testbed.fabric import lifecycle, registry
 from testbed.fabric import state as state_store
 from testbed.fabric.errors import FabricError
 from testbed.spec.link import LinkParams
-from testbed.spec.topology import topology_from_data
 from tests.support import fake_backend
 from tests.support.fake_backend import LOG, FakeBackend, FakeOptions, FakeState
+from tests.support.topologies import make_topology, pair_topology
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                               "links": [{"between": ["east", "west"], "latency": "5ms"}]})
+TOPOLOGY = pair_topology("duo", latency="5ms")
 PREFIX = "tbl-"
 REAL = registry.targets()  # as registered when this module was imported
 pytestmark = pytest.mark.usefixtures("fakes")  # only the fake backends (tests/support/fakes.py)
@@ -97,7 +96,7 @@ def test_a_failed_bring_up_removes_the_state_unless_something_is_left_to_undo():
 
 
 def test_a_layout_that_cannot_be_planned_names_the_file_before_anything_is_probed():
-    unplannable = topology_from_data({"name": "unplannable", "dcs": [{"name": "east", "nodes": 1}]})
+    unplannable = make_topology("unplannable", {"east": 1})
     with pytest.raises(FabricError, match=r"^topo.yaml: no layout fits$"):
         lifecycle.bring_up(unplannable, prefix=PREFIX, topology_file="topo.yaml", backend="fake")
     assert LOG == [] and state_store.load(PREFIX) is None

@@ -15,13 +15,12 @@ import pytest
 from testbed.fabric import lifecycle, ownership
 from testbed.fabric import state as state_store
 from testbed.fabric.ownership import HeldElsewhere
-from testbed.spec.topology import topology_from_data
 from testbed.waiting import alive, wait_for
 from tests.support.fake_backend import LOG
+from tests.support.topologies import pair_topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOPOLOGY = topology_from_data({"name": "duo", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                               "links": [{"between": ["east", "west"], "latency": "5ms"}]})
+TOPOLOGY = pair_topology("duo", latency="5ms")
 PREFIX = "tbo-"
 pytestmark = pytest.mark.usefixtures("fakes")  # the fake backends only, lock files of the test's own
 

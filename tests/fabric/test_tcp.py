@@ -12,9 +12,9 @@ from testbed.plan.containers import build_containers_plan
 from testbed.plan.network import build_plan
 from testbed.spec.errors import SpecError
 from testbed.spec.topology import topology_from_data
+from tests.support.topologies import pair_data
 
-BASE = {"name": "t", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-        "links": [{"between": ["east", "west"], "latency": "5ms"}]}
+BASE = pair_data("t", latency="5ms")
 
 
 def proc(tmp_path: Path, available: str, allowed: str) -> Path:

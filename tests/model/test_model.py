@@ -43,8 +43,8 @@ from testbed.model.transport import Connection, Edge, Transport, send_time, tso_
 from testbed.plan.cells import plan_cells
 from testbed.spec.experiment import load_experiment
 from testbed.spec.strategies import Options
-from testbed.spec.topology import topology_from_data
 from tests.conftest import ROOT
+from tests.support.topologies import link_data, make_topology, pair_topology
 
 DATA = Path(__file__).parent / "data"
 IDEAL = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0, local_bandwidth=math.inf)  # payloads take no time
@@ -52,9 +52,9 @@ IDEAL = Transport(op_overhead=0.0, message_overhead=0.0, local_latency=0.0, loca
 
 def two_dc(nodes: int = 2, latency: float = 0.0, bandwidth: float | None = None, dcs: int = 2):
     names = [f"d{i}" for i in range(dcs)]
-    topology = topology_from_data({"name": "t", "dcs": [{"name": n, "nodes": nodes} for n in names],
-                                   "links": [{"between": [a, b], "latency": latency, "bandwidth": bandwidth}
-                                             for a, b in itertools.pairwise(names)]}, si=True)
+    topology = make_topology("t", dict.fromkeys(names, nodes),
+                             [link_data(a, b, latency=latency, bandwidth=bandwidth)
+                              for a, b in itertools.pairwise(names)], si=True)
     links = {}
     for a, b in itertools.pairwise(names):
         links[f"{a}->{b}"] = links[f"{b}->{a}"] = {"latency": latency, "bandwidth": bandwidth}
@@ -328,8 +328,7 @@ def test_fit_on_recorded_measurements():
     the fit explains most operations and learns the kernel's byte overhead from the link counters."""
     measured = json.loads((DATA / "measured-2x2-2ms.json").read_text())
     topology, _ = two_dc(2, 0.002, 1e9)
-    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
-                                   "links": [{"between": ["east", "west"], "latency": "2ms", "bandwidth": "1gbit"}]})
+    topology = pair_topology(east=2, west=2, latency="2ms", bandwidth="1gbit")
     calibration = fit(topology, measured)
     assert calibration.fit["samples"] == len(samples_from_records(measured["records"])) == 24
     assert calibration.fit["median_abs_error"] < 0.3
@@ -449,8 +448,7 @@ def test_optimizer_profile_is_the_slowest_rank_of_each_repetition_and_plan_adds_
     (partial,) = compute_profiles([records[0], _compute_record(1, [0.2, 0.2, 0.2])])  # one rank timed none
     assert partial.optimizer_seconds == {}
     calibration = Calibration(Transport(), [profile])
-    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
-                                   "links": [{"between": ["east", "west"], "latency": "5ms", "bandwidth": "1gbit"}]})
+    topology = pair_topology(east=2, west=2, latency="5ms", bandwidth="1gbit")
     network = build_network(topology, {"east->west": {"latency": 0.005}, "west->east": {"latency": 0.005}})
     base = {"preset": "tiny", "micro_batch": 32, "seq_len": 64}
     assert step_overhead_seconds(Options(strategy="flat-dp", **base), network, calibration) == pytest.approx(0.020)
@@ -473,8 +471,7 @@ def test_fit_on_recorded_measurements_over_a_long_link_explains_each_operation_i
     (tens to hundreds of milliseconds, one to ten round trips) are each explained within 35 %, send/recv
     within 10 %; the fit's median stays under 8 % (5.0 % when recorded)."""
     measured = json.loads((DATA / "measured-2x2-20ms-cubic.json").read_text())
-    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
-                                   "links": [{"between": ["east", "west"], "latency": "20ms", "bandwidth": "1gbit"}]})
+    topology = pair_topology(east=2, west=2, latency="20ms", bandwidth="1gbit")
     calibration = fit(topology, measured)
     assert calibration.fit["median_abs_error"] < 0.08
     inter = [s for s in calibration.samples if s["group"] in ("world", "inter", "p2p")]

@@ -14,6 +14,7 @@ from testbed.plan.network import build_plan
 from testbed.spec import load_topology
 from testbed.spec.topology import topology_from_data
 from tests.conftest import ROOT, TOPOLOGIES, run_cli
+from tests.support.topologies import link_data, topology_data
 
 # the committed compose files and what each is generated from (a test regenerates them all)
 COMPOSE_FILES = {
@@ -73,8 +74,7 @@ def test_multi_hop_routes_follow_the_shortest_path():
 
 
 def test_a_lan_without_room_for_the_router_is_refused():
-    data = {"name": "full", "subnet": "198.18.0.0/26", "dcs": [{"name": "a", "nodes": 13}, {"name": "b", "nodes": 1}],
-            "links": [{"between": ["a", "b"], "latency": "1ms"}]}
+    data = topology_data("full", {"a": 13, "b": 1}, [link_data("a", "b", latency="1ms")], subnet="198.18.0.0/26")
     with pytest.raises(ValueError, match="no free address left for the DC router"):
         build_containers_plan(topology_from_data(data))
 

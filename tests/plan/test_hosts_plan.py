@@ -8,8 +8,8 @@ from testbed.plan.hosts import ROOT_HANDLE, build_hosts_plan, class_commands
 from testbed.spec import LinkParams, load_topology
 from testbed.spec.errors import SpecError
 from testbed.spec.inventory import load_inventory
-from testbed.spec.topology import topology_from_data
 from tests.conftest import ROOT, TOPOLOGIES, run_cli
+from tests.support.topologies import link_data, make_topology, pair_topology
 
 INVENTORY = ROOT / "inventories" / "example-two-dc.yaml"
 
@@ -67,15 +67,13 @@ def test_inventory_that_does_not_fit_the_topology_is_one_line(tmp_path):
     with pytest.raises(SpecError, match=r"dcs.north: topology two-dc has no DC 'north' \(DCs: east, west\)"):
         build_hosts_plan(load_topology(TOPOLOGIES / "two-dc.yaml"), load_inventory(bad), "netem", "tb-",
                          inventory_file=str(bad))
-    three = topology_from_data({"name": "t", "dcs": [{"name": "east", "nodes": 3}, {"name": "west", "nodes": 2}],
-                                "links": [{"between": ["east", "west"]}]})
+    three = pair_topology("t", east=3, west=2)
     with pytest.raises(SpecError, match=r"dcs.east: 2 host\(s\) listed, topology t has 3 node\(s\) in east"):
         build_hosts_plan(three, load_inventory(INVENTORY), "netem", "tb-")
 
 
 def test_dcs_without_a_direct_link_are_refused():
-    chain = topology_from_data({"name": "chain", "dcs": [{"name": n, "nodes": 1} for n in ("a", "b", "c")],
-                                "links": [{"between": ["a", "b"]}, {"between": ["b", "c"]}]})
+    chain = make_topology("chain", {"a": 1, "b": 1, "c": 1}, [link_data("a", "b"), link_data("b", "c")])
     inventory = load_inventory(INVENTORY).model_copy(update={"dcs": {
         name: [load_inventory(INVENTORY).dcs["east"][0].model_copy(update={"name": name, "address": f"10.0.0.{i}"})]
         for i, name in enumerate(("a", "b", "c"))}})

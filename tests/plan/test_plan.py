@@ -16,8 +16,8 @@ from testbed.plan.shaping import (
     queue_limit,
 )
 from testbed.spec import LinkParams, load_topology
-from testbed.spec.topology import topology_from_data
 from tests.conftest import TOPOLOGIES
+from tests.support.topologies import link_data, make_topology
 
 
 def topo(name):
@@ -40,9 +40,7 @@ def test_addresses_are_unique_inside_the_subnet():
 
 
 def test_small_subnets_pack_tight_blocks():
-    t = topology_from_data({"name": "x", "subnet": "198.18.0.0/24",
-                            "dcs": [{"name": "a", "nodes": 20}, {"name": "b", "nodes": 20}],
-                            "links": [{"between": ["a", "b"]}]})
+    t = make_topology("x", {"a": 20, "b": 20}, [link_data("a", "b")], subnet="198.18.0.0/24")
     lans = [dc.lan for dc in allocate(t).dcs.values()]
     assert all(lan.prefixlen == 27 for lan in lans)
 
@@ -56,10 +54,9 @@ def test_chain_routes_go_hop_by_hop():
 
 
 def test_shortest_path_prefers_lower_latency():
-    t = topology_from_data({"name": "x", "dcs": [{"name": n, "nodes": 1} for n in "abc"],
-                            "links": [{"between": ["a", "c"], "latency": "30ms"},
-                                      {"between": ["a", "b"], "latency": "5ms"},
-                                      {"between": ["b", "c"], "latency": "5ms"}]})
+    t = make_topology("x", {"a": 1, "b": 1, "c": 1}, [link_data("a", "c", latency="30ms"),
+                                                      link_data("a", "b", latency="5ms"),
+                                                      link_data("b", "c", latency="5ms")])
     assert shortest_paths(t, "a")["c"] == ["a", "b", "c"]
     assert shortest_paths(t, "c")["a"] == ["c", "b", "a"]  # symmetric
 

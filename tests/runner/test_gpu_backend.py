@@ -13,9 +13,9 @@ from testbed.plan.network import build_plan
 from testbed.runner.ranks import EMULATED_NCCL, rank_layout
 from testbed.spec.topology import topology_from_data
 from testbed.workload.groups import backend, gpu_slot
+from tests.support.topologies import pair_data
 
-PAIR = {"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 2}],
-        "links": [{"between": ["east", "west"], "latency": "10ms"}]}
+PAIR = pair_data(east=2, west=2, latency="10ms")
 
 
 @pytest.fixture

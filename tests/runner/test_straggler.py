@@ -13,8 +13,8 @@ import pytest
 
 from testbed.fabric import lifecycle
 from testbed.runner.straggler import Straggler, duty_cycle
-from testbed.spec.topology import topology_from_data
 from testbed.waiting import wait_for
+from tests.support.topologies import make_topology
 
 pytestmark = pytest.mark.root
 
@@ -48,7 +48,7 @@ def test_duty_cycle_splits_each_period():
 
 
 def test_a_straggler_gets_its_share_of_the_cpu_and_is_continued(prefix):
-    testbed = lifecycle.bring_up(topology_from_data({"name": "one", "dcs": [{"name": "east", "nodes": 1}]}),
+    testbed = lifecycle.bring_up(make_topology("one", {"east": 1}),
                                  prefix=prefix)
     node = testbed.plan.nodes[0].name
     proc = testbed.fabric.popen(node, [sys.executable, "-c", BUSY], start_new_session=True)

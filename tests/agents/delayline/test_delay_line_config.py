@@ -8,7 +8,7 @@ import pytest
 from testbed.agents.delayline.files import DelayLineFiles, DelayLineStatus
 from testbed.plan.delayline import DELAY_LINE_QUEUE_MIN, DelayDirection, DelayLineSpec, dump_config, load_config
 from testbed.plan.network import build_plan
-from testbed.spec.topology import topology_from_data
+from tests.support.topologies import link_data, make_topology
 
 SPEC = DelayLineSpec(latency=0.01, jitter=0.002, loss=0.001, limit=20000)
 
@@ -44,9 +44,8 @@ def test_each_direction_has_one_rule_without_a_bypass(direction, rule):
 
 
 def test_the_plan_says_which_gateway_delays_which_direction():
-    topology = topology_from_data({"name": "tri", "dcs": [{"name": n, "nodes": 1} for n in ("a", "b", "c")],
-                                   "links": [{"between": ["a", "b"], "latency": "5ms"},
-                                             {"between": ["b", "c"], "latency": "7ms"}]})
+    topology = make_topology("tri", {"a": 1, "b": 1, "c": 1},
+                             [link_data("a", "b", latency="5ms"), link_data("b", "c", latency="7ms")])
     plan = build_plan(topology, "userspace-delay", "tb-")
     lines = plan.delay_lines()
     assert {ns: [(d.key, d.ifname, d.queue) for d in work] for ns, work in lines.items()} == {

@@ -7,7 +7,7 @@ import pytest
 from testbed.agents.delayline.control import remove_files
 from testbed.plan import owned_by
 from testbed.plan.network import build_plan
-from testbed.spec.topology import topology_from_data
+from tests.support.topologies import link_data, make_topology
 
 
 @pytest.mark.parametrize("name,prefix,owned", [
@@ -29,8 +29,7 @@ def test_owned_by(name, prefix, owned):
 
 
 def test_every_namespace_a_plan_makes_is_owned_by_its_prefix():
-    topology = topology_from_data({"name": "t", "dcs": [{"name": "east", "nodes": 12}, {"name": "dc_2", "nodes": 1}],
-                                   "links": [{"between": ["east", "dc_2"], "latency": "1ms"}]})
+    topology = make_topology("t", {"east": 12, "dc_2": 1}, [link_data("east", "dc_2", latency="1ms")])
     for prefix in ("tb-", "tb-m15-", "x"):
         plan = build_plan(topology, "userspace-delay", prefix)
         assert all(owned_by(space.name, prefix) for space in plan.namespaces)

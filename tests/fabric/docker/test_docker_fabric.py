@@ -15,11 +15,10 @@ from testbed.fabric.docker.fabric import LIVE_CODE, DockerFabric
 from testbed.fabric.errors import FabricError
 from testbed.plan.containers import ROUTER_COMMAND, ROUTER_ENV, RouterConfig, build_containers_plan
 from testbed.spec.link import LinkParams
-from testbed.spec.topology import topology_from_data
 from tests.support.fake_docker import FakeClient
+from tests.support.topologies import pair_topology
 
-TOPOLOGY = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 2}, {"name": "west", "nodes": 1}],
-                               "links": [{"between": ["east", "west"], "latency": "10ms", "bandwidth": "1gbit"}]})
+TOPOLOGY = pair_topology(east=2, latency="10ms", bandwidth="1gbit")
 PREFIX = "tbf-"
 
 

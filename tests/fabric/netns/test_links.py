@@ -15,15 +15,14 @@ from testbed.fabric.lifecycle import attach, bring_up
 from testbed.fabric.netns.kernel import netem_support
 from testbed.fabric.state import state_dir
 from testbed.runner.probe import _run_agent, _Server
-from testbed.spec.topology import topology_from_data
 from tests.conftest import TOPOLOGIES, jittered_uniformly, namespaces_with, run_cli
+from tests.support.topologies import link_data, make_topology, pair_topology
 
 pytestmark = pytest.mark.root
 
 
 def two_dc(**link):
-    return topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                               "links": [{"between": ["east", "west"], **link}]})
+    return pair_topology(**link)
 
 
 def pings(testbed, count: int, interval: float) -> dict:
@@ -73,11 +72,9 @@ def test_jitter_spread_matches_a_uniform_law(prefix):
     99th percentile). Samples: 1600 a path, so a quantile's own sampling error (a uniform law 4 ms wide: about
     0.1 ms at 400 samples for the median, 0.05 ms at 1600) stays far inside the 0.3 ms; with 400 the median once came
     0.35 ms off in CI (2026-11-27) and the 75th 0.27 ms off in 8 idle runs here, 3 to 3.5 of those errors."""
-    trio = topology_from_data({"name": "trio", "dcs": [{"name": n, "nodes": 1} for n in ("east", "west", "south")],
-                               "links": [{"between": ["east", "west"], "latency": "10ms", "jitter": "2ms",
-                                          "reverse": {"jitter": "0ms"}},
-                                         {"between": ["east", "south"], "latency": "10ms"},
-                                         {"between": ["west", "south"], "latency": "1ms"}]})
+    trio = make_topology("trio", {"east": 1, "west": 1, "south": 1},
+                         [link_data("east", "west", latency="10ms", jitter="2ms", reverse={"jitter": "0ms"}),
+                          link_data("east", "south", latency="10ms"), link_data("west", "south", latency="1ms")])
     testbed = bring_up(trio, prefix=prefix)
     rtts: dict[str, list[float]] = {}
 

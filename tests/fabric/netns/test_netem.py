@@ -35,6 +35,7 @@ import pytest
 from testbed.fabric.lifecycle import attach
 from testbed.runner.probe import _run_agent, _Server
 from tests.conftest import ROOT, jittered_uniformly, namespaces_with, run_cli
+from tests.support.topologies import pair_topology
 from tests.support.uml.harness import host_realtime
 
 pytestmark = [pytest.mark.uml, pytest.mark.root, pytest.mark.timeout(1800)]
@@ -392,11 +393,8 @@ def test_the_docker_router_agent_picks_netem_and_builds_its_tree(prefix, tmp_pat
 
     from testbed.agents.bootstrap import argv_in
     from testbed.plan.containers import ROUTER_ENV, ROUTER_READY, build_containers_plan
-    from testbed.spec.topology import topology_from_data
 
-    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                                   "links": [{"between": ["east", "west"], "latency": "7ms", "bandwidth": "300mbit",
-                                              "reverse": {"latency": "9ms"}}]})
+    topology = pair_topology(latency="7ms", bandwidth="300mbit", reverse={"latency": "9ms"})
     plan = build_containers_plan(topology, "auto", prefix)
     router = next(c for c in plan.routers() if c.dc == "east")
     config = json.loads(router.environment[ROUTER_ENV])
@@ -455,11 +453,8 @@ def test_the_ssh_backend_netem_commands_run_against_a_real_tc(prefix):
     from testbed.plan.hosts import ROOT_HANDLE, build_hosts_plan, class_commands
     from testbed.spec.inventory import Inventory
     from testbed.spec.link import LinkParams
-    from testbed.spec.topology import topology_from_data
 
-    topology = topology_from_data({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                                   "links": [{"between": ["east", "west"], "latency": "6ms", "bandwidth": "400mbit",
-                                              "jitter": "1ms", "loss": "0.1%"}]})
+    topology = pair_topology(latency="6ms", bandwidth="400mbit", jitter="1ms", loss="0.1%")
     host = {"user": "root", "key": "/nonexistent", "interface": "wan0"}
     inventory = Inventory(dcs={"east": [{"name": "e0", "address": "198.18.0.2", **host}],
                                "west": [{"name": "w0", "address": "198.18.1.2", **host}]})

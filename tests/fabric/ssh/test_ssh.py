@@ -16,6 +16,7 @@ from testbed.fabric.ssh.connection import Result
 from testbed.spec import load_topology
 from tests.conftest import TOPOLOGIES, run_cli
 from tests.support.ssh import keygen, start_hosts
+from tests.support.topologies import pair_data
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd]
 
@@ -145,8 +146,7 @@ def test_up_stops_at_the_check_table_when_a_host_lacks_something(hosts):
     inventory["dcs"]["west"][0]["python"] = "/nonexistent/python3"
     hosts["inventory"].write_text(yaml.safe_dump(inventory))
     topology = hosts["dir"] / "pair.yaml"
-    topology.write_text(yaml.safe_dump({"name": "pair", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
-                                        "links": [{"between": ["east", "west"], "latency": "5ms"}]}))
+    topology.write_text(yaml.safe_dump(pair_data(latency="5ms")))
     argv = [sys.executable, "-m", "testbed.cli", "up", str(topology), "--backend", "ssh",
             "--inventory", str(hosts["inventory"]), "--known-hosts", str(hosts["known_hosts"]), "--prefix", "tb-ssh-x-"]
     proc = hosts["testbed"].fabric.popen("east-0", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

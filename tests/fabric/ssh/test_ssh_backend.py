@@ -19,9 +19,9 @@ from testbed.fabric.lifecycle import bring_up
 from testbed.plan.hosts import MEMORY_ROOT
 from testbed.runner.cells import plan_cells
 from testbed.spec.experiment import load_experiment
-from testbed.spec.topology import topology_from_data
 from tests.conftest import ROOT, TOPOLOGIES
 from tests.support.ssh import Hosts, start_hosts
+from tests.support.topologies import make_topology
 
 pytestmark = [pytest.mark.root, pytest.mark.sshd]
 
@@ -32,7 +32,7 @@ CONTROLLER = "lab-4"
 @pytest.fixture
 def lab(prefix, tmp_path):
     """One flat, unshaped lab network of five nodes: four play hosts in two DCs, lab-4 the controller."""
-    topology = topology_from_data({"name": "lab", "dcs": [{"name": "lab", "nodes": 5}]})
+    topology = make_topology("lab", {"lab": 5})
     testbed = bring_up(topology, prefix=prefix)
     hosts = start_hosts(testbed, tmp_path, HOSTS, workdir=str(tmp_path / "remote"))
     ssh_prefix = f"{prefix}s-"
