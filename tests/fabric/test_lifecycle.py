@@ -53,8 +53,8 @@ def test_a_backend_registered_for_a_block_is_gone_after_it_whatever_was_register
 
 
 def test_the_real_backends_are_registered_under_their_own_names(real):
-    assert registry.names() == ("netns", "docker", "ssh")
-    assert [backend.name for backend in registry.backends()] == ["netns", "docker", "ssh"]
+    assert registry.names() == ("netns", "docker", "ssh", "slurm")
+    assert [backend.name for backend in registry.backends()] == ["netns", "docker", "ssh", "slurm"]
 
 
 def test_an_option_of_another_backend_is_one_line_naming_who_takes_it():
