@@ -13,10 +13,11 @@ Fewer wake-ups per packet: while a packet waits and nothing that arrives before 
 (every packet is held at least latency - jitter; FIFO), the worker sleeps without watching the queue and reads what
 came meanwhile when it wakes for the head, in one batch: one wake-up a packet instead of two under steady traffic.
 Nor does it read at every wake-up: what arrived since the last read is held at least that long too, so a read
-waits for a wake-up past half that time (or ends a sleep at the latest moment): many packets a read, one system
-call for up to nfqueue.READ_SLOTS of them, where it took a read per wake-up and two recv() a packet (one finding
-the queue empty). $TESTBED_DELAY_LINE_BATCH set to 0 watches the queue all the time and reads it at every wake-up
-(bench/link_fidelity.py compares both, and with --before the code of an earlier revision)."""
+waits for a wake-up past half that time, after that wake-up's verdict (or ends a sleep at the latest moment, and
+comes first): many packets a read, one system call for up to nfqueue.READ_SLOTS of them, where it took a read per
+wake-up and two recv() a packet (one finding the queue empty). $TESTBED_DELAY_LINE_BATCH set to 0 watches the queue
+all the time and reads it at every wake-up (bench/link_fidelity.py compares both, and with --before the code of an
+earlier revision)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,20 @@ def read_times(now: float, hold: float) -> tuple[float, float]:
     if room <= 0:
         return now, now
     return now + READ_SHARE * room, now + room
+
+
+def take(sock: QueueSocket, directions: dict[int, Direction], now: float, watched: bool) -> None:
+    """Read what is queued and admit it, each packet its direction's (a drop verdict for each one lost); after a
+    watched sleep, the first packet samples the worker's reaction (one sample a read: cheap under load)."""
+    packets = sock.receive()
+    for queue, packet_id, stamp in packets:
+        line = directions.get(queue)
+        if line is None:
+            continue
+        if not line.admit(packet_id, now if stamp is None else stamp, now):
+            sock.verdict(queue, packet_id, NF_DROP)
+    if watched and packets and packets[0].queue in directions and packets[0].timestamp is not None:
+        directions[packets[0].queue].saw(packets[0].timestamp, now)
 
 
 def wait_until(aim: float) -> float:
@@ -149,25 +164,22 @@ def worker(config_path: str) -> int:
                 written = sum(x.released for x in lines)
                 stats.submit(_stats_text(by_key, sched))
             next_stats = now + STATS_EVERY
-        if watched or now >= read_after:
-            packets = sock.receive()
-            for queue, packet_id, stamp in packets:
-                line = directions.get(queue)
-                if line is None:
-                    continue
-                if not line.admit(packet_id, now if stamp is None else stamp, now):
-                    sock.verdict(queue, packet_id, NF_DROP)
-            if watched and packets and packets[0].queue in directions and packets[0].timestamp is not None:
-                directions[packets[0].queue].saw(packets[0].timestamp, now)  # one sample a read: cheap under load
+        first = watched or now >= read_by  # a packet not read yet could be due: read before releasing
+        if first:
+            take(sock, directions, now, watched)
             read_after, read_by = read_times(now, soonest(directions) if batch else 0.0)
             now = time.time()
-        wake = None
         for line in lines:
             last = line.release(now, RELEASE_SLACK)
             if last is not None:
                 sent = time.time()
                 sock.accept_up_to(line.queue, last)
                 line.settle(sent, time.time())
+        if not first and now >= read_after:  # a read that can wait comes after the verdicts, off their packets' way
+            take(sock, directions, now, False)
+            read_after, read_by = read_times(now, soonest(directions))
+        wake = None
+        for line in lines:
             due = line.next_due()
             if due is not None and (wake is None or due < wake):
                 wake = due
