@@ -2,9 +2,10 @@
 
 `testbed run --topology T -- python train.py` puts testbed/workload/autostep_site first on every rank's PYTHONPATH;
 its sitecustomize.py loads this file by its path (the rank's interpreter may not have testbed installed) and calls
-install(). Nothing is imported then: when torch.optim.optimizer is first imported (by `import torch`), a global
-post-step hook is registered (torch.optim.optimizer.register_optimizer_step_post_hook), and every step of the first
-optimizer that steps becomes one line of testbed.steplog's format in $TESTBED_METRICS_DIR/rank<RANK>.jsonl:
+install(). Nothing but testbed/steplog.py (standard library, and rankenv through it) is loaded then: when
+torch.optim.optimizer is first imported (by `import torch`), a global post-step hook is registered
+(torch.optim.optimizer.register_optimizer_step_post_hook), and every step of the first optimizer that steps
+becomes one line of testbed.steplog's format in $TESTBED_METRICS_DIR/rank<RANK>.jsonl:
 
     {"event": "step", "step": 3, "rank": 0, "wall_s": 0.41, "tokens": 2048.0, "loss": null, "source": "autostep"}
 
@@ -32,14 +33,6 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-try:
-    from testbed import rankenv
-except ImportError:  # loaded by its path into a rank's interpreter that has no testbed: rankenv is stdlib only too
-    _spec = importlib.util.spec_from_file_location("_testbed_rankenv", Path(__file__).resolve().parents[1] / "rankenv.py")
-    assert _spec is not None and _spec.loader is not None
-    rankenv = sys.modules["_testbed_rankenv"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
-    _spec.loader.exec_module(rankenv)
-
 OPTIMIZER_MODULE = "torch.optim.optimizer"
 INTERPRETER_NOTE = "testbed: no torch in the interpreter this rank ran: "  # then its path (the runner reads it)
 
@@ -54,6 +47,10 @@ def _steplog() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+steplog = _steplog()
+rankenv = steplog.rankenv  # the one steplog loaded (by its path, where the interpreter has no testbed)
 
 
 def tokens_per_rank(environ: dict[str, str] | os._Environ = os.environ) -> float | None:
@@ -78,7 +75,6 @@ class AutoStep:
     def __call__(self, optimizer: Any, args: Any = (), kwargs: Any = None) -> None:
         if self.optimizer is None:
             self.optimizer = weakref.ref(optimizer)
-            steplog = _steplog()
             self.source = steplog.AUTOMATIC
             self.log = steplog.StepLog(source=self.source, python=sys.executable, optimizer=type(optimizer).__name__)
         elif self.optimizer() is not optimizer:
