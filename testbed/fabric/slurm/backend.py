@@ -6,7 +6,7 @@ Epilog restores its nodes) and restores the nodes the state file names."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -17,11 +17,9 @@ from testbed.fabric.backend import Backend, BackendOptions, Progress
 from testbed.fabric.errors import FabricError
 from testbed.fabric.slurm.cluster import assign, is_address, parse_dc_map, parse_job, parse_nodes
 from testbed.fabric.slurm.fabric import SlurmFabric, can_be_root, end_job, find_job, restore_by_job, slurm
-from testbed.fabric.slurm.jobplan import JobPlan, PlacedNode, hosts_plan, plan_path
+from testbed.fabric.slurm.jobplan import JobPlan, PlacedNode, SlurmPlan, plan_path, slurm_plan
 from testbed.fabric.slurm.state import SlurmState
 from testbed.fabric.state import FabricState
-from testbed.plan.hosts import HostsPlan
-from testbed.plan.network import NetworkPlan
 from testbed.spec.link import LinkParams
 from testbed.spec.loader import validate_data
 from testbed.spec.topology import Topology
@@ -57,18 +55,6 @@ class SlurmOptions(BackendOptions):
     wait: float = 300.0  # seconds salloc may wait for the allocation
 
 
-@dataclass(frozen=True)
-class SlurmPlan:
-    """The hosts plan (what shapes which node) and the job plan it is derived from."""
-
-    hosts: HostsPlan
-    job: JobPlan
-
-    @property
-    def network(self) -> NetworkPlan:
-        return self.hosts.network
-
-
 def _config_value(text: str, key: str) -> str:
     for line in text.splitlines():
         name, _, value = line.partition("=")
@@ -89,7 +75,7 @@ def resolve_address(address: str) -> str:
         raise FabricError(f"NodeAddr {address}: cannot resolve it to an address") from None
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(Backend[SlurmPlan]):
     name: ClassVar[str] = "slurm"
     summary: ClassVar[str] = "Slurm nodes"
     forks_ranks: ClassVar[bool] = True  # a fork server per node, one srun step each
@@ -153,7 +139,7 @@ class SlurmBackend(Backend):
         job = JobPlan(prefix, shaper, topology.model_dump(mode="json", exclude_unset=False), placed,
                       {key: asdict(params) for key, params in (overrides or {}).items()},
                       self._job or "", self._root or "")
-        return SlurmPlan(hosts_plan(job), job)
+        return slurm_plan(job)
 
     def _place(self, topology: Topology) -> list[PlacedNode]:
         source = str(self._settings.inventory or "--dc-map")

@@ -27,6 +27,7 @@ from typing import Any
 
 from testbed import rankenv
 from testbed.agents import forkserver
+from testbed.agents.delayline.control import fresh_stats
 from testbed.agents.tc import LinkCounters
 from testbed.atomic import write_text
 from testbed.fabric import cancel
@@ -37,14 +38,14 @@ from testbed.fabric.kept_shell import ShellEnded, run_script
 from testbed.fabric.parallel import each_at_once
 from testbed.fabric.shipping import pass_env
 from testbed.fabric.slurm.cluster import granted_job, parse_job, salloc_argv
-from testbed.fabric.slurm.jobplan import COMMENT_TAG, JobPlan, PlacedNode, hosts_plan
+from testbed.fabric.slurm.jobplan import COMMENT_TAG, JobPlan, PlacedNode, SlurmPlan, slurm_plan
 from testbed.fabric.slurm.node import dirs_of
 from testbed.fabric.slurm.state import SlurmState
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import dump_config
-from testbed.plan.hosts import HostPlan, HostsPlan, class_commands
-from testbed.plan.network import LinkEnd, NetworkPlan
+from testbed.plan.hosts import HostPlan, class_commands
+from testbed.plan.view import LinkEnd
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -129,6 +130,16 @@ def restore_by_job(prefix: str, nodes: list[str], timeout: float = STEP_TIMEOUT_
         raise FabricError(f"the cleanup job on {','.join(nodes)}: {' '.join(last) or f'exit {out.returncode}'}")
 
 
+def merge_figures(a: dict, b: dict) -> dict:
+    """One direction's delay-line figures from two receiving nodes (each node of the DC runs its own delay line):
+    packets released and lateness buckets added up, the rest from the node that released more."""
+    first, second = (a, b) if a.get("released", 0) >= b.get("released", 0) else (b, a)
+    late = dict(first.get("late", {}))
+    for bucket, count in second.get("late", {}).items():
+        late[bucket] = late.get(bucket, 0) + count
+    return {**first, "released": first.get("released", 0) + second.get("released", 0), "late": late}
+
+
 class NodeShell:
     """A root shell kept open on one node (`srun --overlap ... [sudo -n] sh`, its stdin and stdout piped here): a live
     change is a script written to it, not a new job step (whose start and python import took 0.8 s here)."""
@@ -197,7 +208,7 @@ class SrunChannel:
             self.proc.wait()
 
 
-class SlurmFabric(Fabric):
+class SlurmFabric(Fabric[SlurmPlan]):
     """The nodes of one Slurm job."""
 
     link_faults = True  # a live change is a root step on the touched nodes (sudo); refused under the Prolog alone
@@ -205,7 +216,7 @@ class SlurmFabric(Fabric):
     def __init__(self, prefix: str, topology: Topology, options: Any,
                  on_progress: Callable[[str], None] | None = None) -> None:
         self.prefix, self.topology, self.options = prefix, topology, options
-        self.hosts_plan: HostsPlan | None = None
+        self.hosts_plan: SlurmPlan | None = None
         self.job: JobPlan | None = None
         self.state: FabricState | None = None
         self._progress = on_progress or (lambda message: None)
@@ -213,8 +224,8 @@ class SlurmFabric(Fabric):
         self._shells: dict[str, NodeShell] = {}  # Slurm node -> its kept root shell
 
     @property
-    def plan(self) -> NetworkPlan | None:
-        return self.hosts_plan.network if self.hosts_plan else None
+    def plan(self) -> SlurmPlan | None:
+        return self.hosts_plan
 
     def _record(self) -> SlurmState:
         assert self.state is not None and isinstance(self.state.backend_state, SlurmState)
@@ -255,12 +266,12 @@ class SlurmFabric(Fabric):
         return {**base, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **pass_env(env)}
 
     # --- bring-up ---------------------------------------------------------------------------------
-    def attach(self, plan: Any, state: FabricState) -> None:
-        self.hosts_plan, self.job, self.state = plan.hosts, plan.job, state
+    def attach(self, plan: SlurmPlan, state: FabricState) -> None:
+        self.hosts_plan, self.job, self.state = plan, plan.job, state
 
-    def up(self, plan: Any, state: FabricState) -> None:
+    def up(self, plan: SlurmPlan, state: FabricState) -> None:
         """Allocate (or adopt the allocation), inspect, shape; on any failure or interrupt undo and raise."""
-        self.hosts_plan, self.job, self.state = plan.hosts, plan.job, state
+        self.hosts_plan, self.job, self.state = plan, plan.job, state
         record = self._record()
         job = plan.job
         try:
@@ -332,7 +343,7 @@ class SlurmFabric(Fabric):
         record.nodes = [vars(item) for item in job.nodes]
         self._save()
         write_text(Path(record.plan_file), job.dump())
-        self.hosts_plan = hosts_plan(job)
+        self.hosts_plan = slurm_plan(job)
 
     def _shape(self, record: SlurmState) -> None:
         job = self.job
@@ -477,12 +488,12 @@ class SlurmFabric(Fabric):
         assert self.job is not None and self.state is not None
         applied = {**self.state.applied_params(), **changes}
         self.job.overrides = {key: asdict(params) for key, params in applied.items()}
-        new = hosts_plan(self.job)
+        new = slurm_plan(self.job)
         ends = [key.split("->") for key in changes]
 
         def update(item: HostPlan) -> None:
             lines = [shlex.join(argv) for (src, dst), params in zip(ends, changes.values()) if item.node.dc == src
-                     for argv in class_commands(item.host.interface, item.classes[dst], params, new.network.shaper,
+                     for argv in class_commands(item.host.interface, item.classes[dst], params, new.shaper,
                                                 verb="change")]
             if item.delay_line and any(item.node.dc == dst for _, dst in ends):
                 _, memory = dirs_of(self.prefix, item.host.name)
@@ -515,7 +526,7 @@ class SlurmFabric(Fabric):
         assert plan is not None and self.job is not None
         if self._record().root != "sudo":
             raise NotSupported("link counters on Slurm need sudo -n on the nodes")
-        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.network.link_ends}
+        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.link_ends}
         answers = each_at_once(self._node_counters, list(plan.hosts))
         for item, answer in zip(plan.hosts, answers):
             for peer, classid in item.classes.items():
@@ -564,11 +575,45 @@ class SlurmFabric(Fabric):
 
     def delay_applied(self, end: LinkEnd) -> bool:
         assert self.hosts_plan is not None
-        if self.hosts_plan.network.shaper == "netem":
+        if self.hosts_plan.shaper == "netem":
             return True
         dst = end.key.split("->")[1]
         dead = set(self.dead_delay_lines())
         return not any(item.node.dc == dst and item.host.name in dead for item in self.hosts_plan.hosts)
+
+    def delay_line_stats(self) -> dict[str, dict]:
+        """Each receiving node's delay-line figures: its worker asked for them (SIGUSR2) and its stats file read,
+        both through the node's kept root shell (the files are in the node's own memory)."""
+        assert self.hosts_plan is not None
+        if self._record().root != "sudo":
+            return {}
+        items = [item for item in self.hosts_plan.hosts if item.delay_line]
+
+        def path(item: HostPlan, kind: str) -> str:
+            _, memory = dirs_of(self.prefix, item.host.name)
+            return shlex.quote(f"{memory}/{item.host.name}.delayline.{kind}")
+
+        def read(item: HostPlan) -> str:
+            code, said = self._script(item.host.name, [f"cat {path(item, 'stats')} 2>/dev/null || true"])
+            return said if code == 0 else ""
+
+        def ask(item: HostPlan) -> None:
+            self._script(item.host.name, [
+                f"pid=$(sed -n 's/.*\"worker\": *\\([0-9]*\\).*/\\1/p' {path(item, 'status')} 2>/dev/null)",
+                '[ -n "$pid" ] && kill -USR2 "$pid" 2>/dev/null || true'])
+
+        merged: dict[str, dict] = {}
+        for figures in each_at_once(lambda item: fresh_stats([item], read, ask, timeout=3.0), items):
+            for key, one in figures.items():
+                merged[key] = merge_figures(merged[key], one) if key in merged else one
+        return merged
+
+    def _script(self, slurm_node: str, lines: list[str]) -> tuple[int, str]:
+        try:
+            return self._shell(slurm_node).script(lines)
+        except (ShellEnded, OSError) as error:
+            self._shells.pop(slurm_node, None)
+            raise FabricError(f"{slurm_node}: its kept shell: {error}") from None
 
     def dead_delay_lines(self) -> list[str]:
         """Nodes whose delay line is planned but not running: one job step on all of them at once, a shell that

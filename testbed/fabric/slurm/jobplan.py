@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,20 @@ def hosts_plan(plan: JobPlan, shaper: str | None = None, overrides: dict[str, Li
     chosen = shaper or plan.shaper
     return build_hosts_plan(topology, inventory_of(plan, interfaces), "userspace-delay" if chosen == "auto" else chosen,
                             plan.prefix, overrides if overrides is not None else plan.override_params())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmPlan(HostsPlan):
+    """The Slurm backend's plan: the hosts plan (the view every reader shares, and each node's shaping) of the
+    job plan it is derived from."""
+
+    job: JobPlan = field(hash=False, compare=False)
+
+
+def slurm_plan(plan: JobPlan) -> SlurmPlan:
+    """hosts_plan() of `plan`, carrying it."""
+    hosts = hosts_plan(plan)
+    return SlurmPlan(**{item.name: getattr(hosts, item.name) for item in fields(hosts)}, job=plan)
 
 
 def node_plan(plan: JobPlan, slurm: str, interface: str) -> HostPlan:

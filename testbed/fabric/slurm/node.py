@@ -179,7 +179,7 @@ def reshape(plan_file: str, keys: list[str]) -> dict:
     for key in keys:
         src, dst = key.split("->")
         if src == placed.dc and dst in item.classes:
-            params = full.network.link_end(key).shaping.params
+            params = full.link_end(key).shaping.params
             for argv in class_commands(dev, item.classes[dst], params, plan.shaper, verb="change"):
                 run(argv)
             done.append(f"tc {key}")

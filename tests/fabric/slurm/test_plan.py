@@ -154,7 +154,7 @@ def test_each_node_shapes_its_own_interface_per_peer_dc_by_the_peers_addresses(s
         f"tc filter add dev eth1 parent 7e57: protocol ip prio 1 u32 match ip dst {a}/32 flowid 7e57:10"
         for a in ("10.0.0.1", "10.0.0.3")]
     assert bool(west.delay_line) == (shaper == "userspace-delay")
-    assert hosts.network.node("east-1").address == "10.0.0.3"
+    assert hosts.node("east-1").address == "10.0.0.3"
 
 
 def test_a_node_derives_the_commands_the_controller_planned_for_it():
@@ -214,3 +214,12 @@ def test_an_inventory_file_gives_the_mapping_and_the_site_settings(tmp_path):
     inventory.write_text("dcs: {east: gpu}\nnodes: 3\n")
     with pytest.raises(SpecError, match=r"slurm\.yaml: nodes"):
         slurm_backend.SlurmBackend(slurm_backend.SlurmOptions(inventory=inventory))
+
+
+def test_a_direction_served_by_every_node_of_its_dc_adds_up_their_figures():
+    from testbed.fabric.slurm.fabric import merge_figures
+
+    busy = {"worker": 7, "released": 40, "late": {"0": 30, "5": 10}, "path_ms": 0.01}
+    idle = {"worker": 9, "released": 2, "late": {"0": 1, "9": 1}, "path_ms": None}
+    for merged in (merge_figures(busy, idle), merge_figures(idle, busy)):
+        assert merged == {"worker": 7, "released": 42, "late": {"0": 31, "5": 10, "9": 1}, "path_ms": 0.01}
