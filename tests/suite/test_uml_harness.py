@@ -76,3 +76,32 @@ def test_what_the_guest_asks_the_host_runs_real_time_and_back(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.root  # a negative nice needs CAP_SYS_NICE
+def test_what_the_guest_asks_the_host_gives_the_largest_share_and_back(tmp_path):
+    """harness.host_share() asks as host_realtime() does; the host sets nice -20 on every process naming the lab
+    (and on its session's autogroup, where the kernel has them), then 0 again, never a real-time policy."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"uml_dir={tmp_path}"],
+                               start_new_session=True)  # a session, so an autogroup, of its own: as UML's kernel
+    autogroup = Path(f"/proc/{sleeper.pid}/autogroup")
+    try:
+        deadline = time.monotonic() + 30
+        while reaper.processes_of(tmp_path) != [sleeper.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert harness._answer_share(tmp_path, False) is False  # nothing asked: nothing changes
+        assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == 0
+        (tmp_path / harness.SHARE_ASKED).write_text("1\n")
+        assert harness._answer_share(tmp_path, False) is True
+        assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == harness.SHARE_NICE
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER and (tmp_path / harness.SHARE_GIVEN).exists()
+        if autogroup.exists():
+            assert autogroup.read_text().split()[-1] == str(harness.SHARE_NICE), autogroup.read_text()
+        (tmp_path / harness.SHARE_ASKED).unlink()
+        assert harness._answer_share(tmp_path, True) is False
+        assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == 0 and not (tmp_path / harness.SHARE_GIVEN).exists()
+        if autogroup.exists():
+            assert autogroup.read_text().split()[-1] == "0", autogroup.read_text()
+    finally:
+        sleeper.kill()
+        sleeper.wait()

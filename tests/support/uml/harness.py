@@ -50,6 +50,8 @@ INSIDE_ENV = "TESTBED_IN_UML"  # set for the command: tests and benchmarks know 
 LAB_ENV = "TESTBED_UML_LAB"  # set for the command: its run's lab directory on the host, seen through hostfs
 REALTIME_ENV = "TESTBED_UML_RT"  # 0: host_realtime() asks for nothing (to measure what it changes)
 REALTIME_ASKED, REALTIME_GIVEN = "realtime.asked", "realtime.given"  # files in the lab: the guest's ask, the answer
+SHARE_ASKED, SHARE_GIVEN = "share.asked", "share.given"  # host_share()'s, the same way
+SHARE_NICE = -20  # host_share(): the nice of UML's processes and of their session's autogroup for the block
 DEFAULT_MODULES = ("ipv6",)
 KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "CI", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "TESTBED_UML_RT")
 
@@ -265,7 +267,7 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
         proc = subprocess.Popen(kernel_argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=work,
                                 env=_kernel_env(work))
-        shown, realtime = 0, False
+        shown, realtime, shared = 0, False, False
         try:
             while True:
                 try:
@@ -274,6 +276,7 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
                 except subprocess.TimeoutExpired:
                     pass
                 realtime = _answer_realtime(work, realtime)
+                shared = _answer_share(work, shared)
                 if stream is not None:
                     shown = _show(output, shown, stream)
                 if time.monotonic() - start > timeout or (cancel is not None and cancel.is_set()):
@@ -327,6 +330,56 @@ def host_realtime(timeout: float = 5.0) -> Iterator[bool]:
         deadline = time.monotonic() + timeout
         while given.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+@contextmanager
+def host_share(timeout: float = 5.0) -> Iterator[bool]:
+    """Inside UML, for a measurement of throughput (a TCP flow): the host gives this kernel's processes the largest
+    CPU share for the block (nice -20, SCHED_OTHER; and their session's autogroup nice -20, where the host kernel
+    groups by session: there a task's nice only weighs against its own session's tasks, and UML's kernel runs in a
+    session of its own); yields whether it does. Not host_realtime(): SCHED_RR shares a CPU among UML's processes in
+    100 ms quanta, which stalls a TCP flow (east->north read 18 % under its rate on a quiet host). Without either,
+    beside other sessions' tests (load 15, 2026-11-28), east->west read 18 % under its 200 Mbit/s: UML's one CPU
+    was a share of the host's two. Outside UML, or with $TESTBED_UML_RT=0, nothing is asked."""
+    lab = os.environ.get(LAB_ENV)
+    if not lab or not inside() or os.environ.get(REALTIME_ENV) == "0":
+        yield False
+        return
+    asked, given = Path(lab) / SHARE_ASKED, Path(lab) / SHARE_GIVEN
+    asked.write_text("1\n")
+    deadline = time.monotonic() + timeout
+    while not given.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield given.exists()
+    finally:
+        asked.unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout
+        while given.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _answer_share(work: Path, given: bool) -> bool:
+    """On the host, from the boot's wait loop: what host_share() inside asks, done; whether it is given now."""
+    asked = (work / SHARE_ASKED).exists()
+    if asked == given:
+        return given
+    nice = SHARE_NICE if asked else 0
+    for pid in reaper.processes_of(work):
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+        except OSError:
+            pass  # a kernel without autogroups (its tasks' nice is what counts), or ended meanwhile
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except OSError:
+                continue  # ended meanwhile
+    if asked:
+        (work / SHARE_GIVEN).write_text("1\n")
+    else:
+        (work / SHARE_GIVEN).unlink(missing_ok=True)
+    return asked
 
 
 def _answer_realtime(work: Path, given: bool) -> bool:
