@@ -246,6 +246,38 @@ def test_bring_your_own_ddp_script_reports_its_steps(prefix, tmp_path):
     assert namespaces_with(prefix) == []
 
 
+ABORT_AT_EXIT = """import os, sys
+sys.path.insert(0, {root!r})
+from testbed.steplog import StepLog
+log = StepLog()
+for _ in range(3):
+    log.step(tokens=8)
+if {close!r}:
+    log.close()
+if os.environ["RANK"] == "0":
+    os.abort()  # what std::terminate does when torch's threads race exit() (testbed.runner.ranks.teardown_note)
+"""
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_an_abort_after_the_script_closed_its_step_log_keeps_the_cell(prefix, tmp_path, close):
+    """Rank 0 aborts (signal 6) after its steps: once its script closed its StepLog the cell is ok and its result
+    names the abort; before that, the rank died."""
+    topology, script = tmp_path / "pair.yaml", tmp_path / "abort.py"
+    topology.write_text("\n".join(line[2:] for line in TOPOLOGY.splitlines()) + "\n")
+    script.write_text(ABORT_AT_EXIT.format(root=str(ROOT), close=close))
+    proc = run_cli("run", "--topology", str(topology), "--warmup-steps", "1", "--out", str(tmp_path / "out"), "--",
+                   sys.executable, str(script), timeout=300)
+    (result,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("command-pair/*/cells/*/result.json")]
+    if close:
+        assert proc.returncode == 0 and result["status"] == "ok", proc.stderr[-2000:]
+        assert "rank 0 on east-0 ended by signal 6 (SIGABRT) after its script closed its step log" in result["reason"]
+    else:
+        assert proc.returncode == 1 and result["status"] == "failed", proc.stderr[-2000:]
+        assert "rank 0 on east-0 died (signal 6)" in result["reason"]
+    assert namespaces_with(prefix) == []
+
+
 def test_several_ranks_per_node(prefix, tmp_path):
     path = experiment(tmp_path, strategies="[hier-dp]", sweep="[1ms]", baseline="none")
     path.write_text(path.read_text().replace("micro_batches: 1}", "micro_batches: 1, ranks_per_node: 2}"))
