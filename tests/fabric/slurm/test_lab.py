@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import QUICKSTART_CELL, run_cli
 from tests.fabric.test_backends import RTT_SLACK_MS, Backend, inter_dc_loss, probe
 from tests.support.slurm_lab import SlurmLab, running_lab
 
@@ -184,3 +184,64 @@ def test_a_cluster_where_nobody_can_shape_is_refused_before_any_job(prefix: str,
         message = str(refused.value)
         assert "\n" not in message and "testbed slurm prolog|epilog" in message and "sudo -n" in message, message
         assert other.slurm("squeue", "-h").stdout.strip() == ""  # nothing was submitted
+
+
+def headings(run_dir: Path) -> list[str]:
+    return [line for line in (run_dir / "report.md").read_text().splitlines() if line.startswith("#")]
+
+
+def test_the_quickstart_writes_the_report_the_netns_backend_writes(slurm: Backend, lab: SlurmLab, prefix: str,
+                                                                   tmp_path: Path, netns_quickstart):
+    """The quickstart's 20 ms cell on 2 DCs x 2 Slurm nodes (a fork server per node, one srun step each): the same
+    cells, summary columns and report sections as the netns run of it, its link calibrated at the configured round
+    trip, its inter-DC bytes counted by the nodes' qdiscs, and every node as before afterwards."""
+    import pandas as pd
+
+    proc = run_cli("run", "--backend", "slurm", "experiments/quickstart.yaml", "--only", QUICKSTART_CELL, "--out",
+                   str(tmp_path), timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (run_dir,) = (tmp_path / "quickstart").glob("*")
+    assert netns_quickstart.proc.returncode == 0, netns_quickstart.proc.stderr[-2000:]
+    netns_dir = netns_quickstart.run_dir
+    assert json.loads((run_dir / "manifest.json").read_text())["backend"] == "slurm"
+    ours, theirs = pd.read_csv(run_dir / "summary.csv"), pd.read_csv(netns_dir / "summary.csv")
+    # this machine's CPU steal is sampled where the ranks run on it (Backend.emulated: netns, docker), not on real
+    # nodes (ssh, Slurm): those two columns are the only difference
+    steal = ("host_steal", "host_steal_flag")
+    assert list(ours.columns) == [column for column in theirs.columns if column not in steal]
+    assert sorted(ours["cell"]) == sorted(theirs["cell"]) and len(ours) == 1
+    assert (ours["status"] == "ok").all(), ours[["cell", "status", "reason"]]
+    assert headings(run_dir) == headings(netns_dir)
+    for cell in (run_dir / "cells").iterdir():
+        result = json.loads((cell / "result.json").read_text())
+        assert result["launcher"] == "fork"
+        assert all(40.0 <= c["rtt_p50_ms"] <= 40.0 + RTT_SLACK_MS for c in result["calibration"]), \
+            result["calibration"]
+        assert sum(v["tx_bytes"] for v in result["link_bytes"].values()) > (1 << 20)
+    assert slurm.leftovers() == []
+
+
+def test_the_prolog_shapes_the_nodes_and_the_epilog_restores_them(slurm: Backend, lab: SlurmLab, prefix: str,
+                                                                   tmp_path: Path):
+    """`root: prolog`: the lab's Prolog (`testbed slurm prolog`, as an admin installs it) shapes each node when the
+    allocation starts; a live change is refused in one line (root is gone by then); `scancel` alone leaves every
+    node as before (the Epilog); `clean` then finds nothing left but the state."""
+    inventory = tmp_path / "slurm.yaml"
+    inventory.write_text("root: prolog\n")
+    up = run_cli("up", "--backend", "slurm", "--inventory", str(inventory), TOPOLOGY, timeout=300)
+    assert up.returncode == 0, up.stderr[-2000:]
+    assert "reading what the Prolog did" in up.stdout + up.stderr
+    job = job_of(lab, prefix)
+    for node in NODES:  # the lab's wrapper logs each run of `testbed slurm prolog`
+        assert re.search(rf"prolog job={job} node={node} .*testbed=ran rc=0", lab.log("prolog.log")), node
+    for pair in probe(slurm).values():
+        assert 20.0 <= pair["rtt_p50_ms"] <= 20.0 + RTT_SLACK_MS, pair
+    shaped = run_cli("shape", "east", "west", "--latency", "4ms")
+    assert shaped.returncode != 0 and "need sudo -n on the nodes" in shaped.stderr, shaped.stderr
+    assert len(shaped.stderr.strip().splitlines()) == 1, shaped.stderr
+    assert lab.slurm("scancel", job, check=False).returncode == 0
+    lab.wait_idle()  # the Epilog has run on every node
+    assert [line for line in slurm.leftovers() if not line.startswith("job ")] == []
+    clean = run_cli("clean", timeout=300)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    assert slurm.leftovers() == []
