@@ -245,3 +245,24 @@ def test_the_prolog_shapes_the_nodes_and_the_epilog_restores_them(slurm: Backend
     clean = run_cli("clean", timeout=300)
     assert clean.returncode == 0, clean.stderr[-2000:]
     assert slurm.leftovers() == []
+
+
+def test_inside_an_allocation_its_nodes_are_used_and_it_is_left_running(slurm: Backend, lab: SlurmLab, prefix: str,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """With SLURM_JOB_ID set (an sbatch script, an salloc shell) testbed asks for nothing: it shapes that
+    allocation's nodes and, at `down`, restores them and leaves the allocation to its owner."""
+    said = lab.slurm("salloc", "--no-shell", f"--nodes={len(NODES)}").stderr
+    (job,) = re.findall(r"Granted job allocation (\d+)", said)
+    try:
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        up = run_cli("up", "--backend", "slurm", TOPOLOGY, timeout=300)
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert "asking Slurm" not in up.stdout + up.stderr
+        assert json.loads(run_cli("status", "--json", check=True).stdout)["job"] == job
+        for pair in probe(slurm).values():
+            assert 20.0 <= pair["rtt_p50_ms"] <= 20.0 + RTT_SLACK_MS, pair
+        assert run_cli("down", timeout=300).returncode == 0
+        assert slurm.leftovers() == []
+        assert lab.slurm("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
+    finally:
+        lab.slurm("scancel", job, check=False)
