@@ -266,3 +266,40 @@ def test_inside_an_allocation_its_nodes_are_used_and_it_is_left_running(slurm: B
         assert lab.slurm("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
     finally:
         lab.slurm("scancel", job, check=False)
+
+
+UNEQUAL = {"name": "unequal", "dcs": [{"name": "east", "nodes": 2}, {"name": "central", "nodes": 1},
+                                      {"name": "west", "nodes": 2}],
+           "links": [{"between": ["east", "central"], "latency": "4ms", "bandwidth": "1gbit"},
+                     {"between": ["central", "west"], "latency": "6ms", "bandwidth": "1gbit"},
+                     {"between": ["west", "east"], "latency": "10ms", "bandwidth": "500mbit"}]}
+
+
+def test_unequal_dcs_two_one_two(prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """DCs of 2, 1 and 2 Slurm nodes (a lab of their own): every node placed by its feature, every pair's round trip
+    the configured one, every node as before after `down`."""
+    import yaml
+
+    topology = tmp_path / "unequal.yaml"
+    topology.write_text(yaml.safe_dump(UNEQUAL))
+    with running_lab(topology, f"tb{uuid.uuid4().hex[:6]}") as other:
+        for key in ("SLURM_CONF", "SLURMLAB_NAME", "SLURMLAB_DIR"):
+            monkeypatch.setenv(key, other.env[key])
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        backend = Backend("slurm", run_cli, ["--backend", "slurm"])
+        up = run_cli("up", "--backend", "slurm", str(topology), timeout=300)
+        assert up.returncode == 0, up.stderr[-2000:]
+        status = json.loads(run_cli("status", "--json", check=True).stdout)
+        assert [(h["node"], h["host"]) for h in status["hosts"]] == [
+            (n, n) for n in ("east-0", "east-1", "central-0", "west-0", "west-1")]
+        pairs = probe(backend)
+        assert len(pairs) == 6
+        for pair in pairs.values():
+            assert pair["rtt_applied_ms"] > 0 and pair["not_applied"] == ""
+            assert pair["rtt_applied_ms"] <= pair["rtt_p50_ms"] <= pair["rtt_applied_ms"] + RTT_SLACK_MS, pair
+        assert run_cli("down", timeout=300).returncode == 0
+        assert other.slurm("squeue", "-h").stdout.strip() == ""
+        for node in ("east-0", "central-0", "west-1"):
+            root = subprocess.run(["ip", "netns", "exec", f"slurmlab.{other.name}.{node}", "tc", "qdisc", "show",
+                                   "dev", "eth0", "root"], capture_output=True, text=True).stdout
+            assert "7e57:" not in root, (node, root)
