@@ -44,7 +44,7 @@ def _sshd() -> str | None:
 
 def _slurm() -> str | None:
     absent = [path for path in SLURM if not os.access(path, os.X_OK)]
-    return None if not absent else f"no {', '.join(absent)} (apt-get install slurm-wlm munge)"
+    return None if not absent else f"no {', '.join(absent)} (scripts/setup --tests installs slurmctld, slurmd, slurm-client and munge)"
 
 
 def _uml() -> str | None:
