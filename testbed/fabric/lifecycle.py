@@ -61,7 +61,8 @@ class Testbed(Generic[PlanT]):
     def mechanism(self, end: LinkEnd) -> str:
         """Which mechanism shapes this link end, in words for tables and manifests."""
         shaping = end.shaping
-        parts = [obj.kind for obj in shaping.tc if obj.what == "qdisc" and obj.kind != "pfifo"]
+        # htb once, whether the link end's own root or a class of its host's (ssh)
+        parts = list(dict.fromkeys(obj.kind for obj in shaping.tc if obj.what != "filter" and obj.kind != "pfifo"))
         if shaping.delay_line is not None:
             parts.append("delay-line" if self.fabric.delay_applied(end) else "delay NOT applied")
         if shaping.not_applied:
