@@ -224,7 +224,10 @@ def _may_be_ours(prolog: str) -> bool:
 
 def clean_unrecorded(prefix: str, plan_file: Path) -> list[str]:
     """Without a state file: end testbed's job of this prefix (its Epilog restores its nodes), and restore the
-    nodes the job plan left in the shared directory names (a cleanup job of our own, where we can be root)."""
+    nodes the job plan left in the shared directory names (a cleanup job of our own, where we can be root). No
+    job plan: nothing to do, and no Slurm command is run (every backend's clean runs at every teardown)."""
+    if not plan_file.exists():  # written before any job is asked for, removed at down: nothing was left
+        return []
     removed = []
     job = find_job(prefix)
     if job:

@@ -223,3 +223,14 @@ def test_a_direction_served_by_every_node_of_its_dc_adds_up_their_figures():
     idle = {"worker": 9, "released": 2, "late": {"0": 1, "9": 1}, "path_ms": None}
     for merged in (merge_figures(busy, idle), merge_figures(idle, busy)):
         assert merged == {"worker": 7, "released": 42, "late": {"0": 31, "5": 10, "9": 1}, "path_ms": 0.01}
+
+
+def test_clean_without_state_or_job_plan_runs_no_slurm_command(monkeypatch, tmp_path):
+    """Every backend's clean runs at every teardown (a netns one too): with nothing of Slurm's recorded, no
+    squeue, which would wait for a controller that is not there."""
+    def no_slurm(*_):
+        raise AssertionError("a Slurm command ran")
+
+    monkeypatch.setattr(slurm_backend, "find_job", no_slurm)
+    monkeypatch.setattr(slurm_backend, "restore_by_job", no_slurm)
+    assert slurm_backend.clean_unrecorded("tb-", tmp_path / "tb.slurm.json") == []
