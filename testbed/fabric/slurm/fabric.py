@@ -55,6 +55,10 @@ PROLOG_WAIT_S = 60.0
 JOB_END_S = 60.0
 HEALTH_CACHE_S = 2.0
 COUNTERS_SPLIT = "--testbed-counters--"
+INTERFACE = "<the node's interface>"
+# what a rank's NCCL is told unless the run's environment says otherwise: InfiniBand and RoCE go around the kernel's
+# qdiscs, so cross-DC collectives must take TCP sockets on the shaped interface for the emulated links to apply
+RANK_NCCL = {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": INTERFACE}
 DELAY_LINE_GONE = 17  # a re-shape script's exit status when the node's delay line is not there to reload
 
 
@@ -439,6 +443,9 @@ class SlurmFabric(Fabric[SlurmPlan]):
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if name in there and placed.interface:
                 there[name] = placed.interface
+        if rankenv.RANK in there:  # a rank: NCCL over TCP on the shaped interface (RDMA would bypass the qdiscs)
+            for name, value in RANK_NCCL.items():
+                there.setdefault(name, placed.interface if value == INTERFACE else value)
         if rankenv.METRICS_DIR in there:
             Path(there[rankenv.METRICS_DIR]).mkdir(parents=True, exist_ok=True)  # shared with the nodes
         workdir, _ = dirs_of(self.prefix, placed.slurm)

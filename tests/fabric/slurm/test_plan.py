@@ -234,3 +234,20 @@ def test_clean_without_state_or_job_plan_runs_no_slurm_command(monkeypatch, tmp_
     monkeypatch.setattr(slurm_backend, "find_job", no_slurm)
     monkeypatch.setattr(slurm_backend, "restore_by_job", no_slurm)
     assert slurm_backend.clean_unrecorded("tb-", tmp_path / "tb.slurm.json") == []
+
+
+def test_a_rank_takes_tcp_on_its_nodes_shaped_interface_unless_told_otherwise():
+    """InfiniBand and RoCE bypass the qdiscs: a rank's NCCL is told to use sockets on the interface testbed shapes
+    (the runner tells only emulated backends' ranks so); gloo's interface is the node's too."""
+    from testbed.fabric.slurm.fabric import SlurmFabric
+
+    plan = job_plan()
+    fabric = SlurmFabric("tb-", plan.topology_spec(), slurm_backend.SlurmOptions())
+    fabric.job = plan
+    env, cwd, _ = fabric._node_env("east-1", {"RANK": "1", "GLOO_SOCKET_IFNAME": "eth0", "HOME": "/x"})
+    assert (env["NCCL_IB_DISABLE"], env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("1", "ib0", "ib0")
+    assert "HOME" not in env and cwd == "/var/tmp/testbed/tb-a3/run"
+    told, _, _ = fabric._node_env("west-0", {"RANK": "2", "NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth9"})
+    assert (told["NCCL_IB_DISABLE"], told["NCCL_SOCKET_IFNAME"]) == ("0", "eth1")  # the user's choice; its interface
+    server, _, _ = fabric._node_env("west-0", {"OMP_NUM_THREADS": "1"})
+    assert "NCCL_IB_DISABLE" not in server  # a fork server or probe agent is no rank
