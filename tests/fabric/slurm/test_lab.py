@@ -46,6 +46,8 @@ def left_by(lab: SlurmLab, prefix: str) -> list[str]:
                 if f"testbed:{prefix}" in line]
     for root in ("/var/tmp/testbed", "/dev/shm"):
         out += [str(path) for path in Path(root).glob(f"{prefix}*")]
+    if Path("/var/tmp/testbed").exists() and not any(Path("/var/tmp/testbed").iterdir()):
+        out.append("/var/tmp/testbed (empty)")  # testbed's node directory, made by the first shaping
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cwd = os.readlink(f"/proc/{pid}/cwd")
