@@ -77,11 +77,37 @@ def booting(proc: subprocess.Popen, tmp_path: Path, timeout: float = 120.0) -> l
         time.sleep(0.05)
 
 
+def guests_of(labs: list[Path]) -> list[int]:
+    """Host processes running one of `labs`' guest programs (INIT is `sh LAB/init`; its children name LAB too):
+    one that outlived its kernel would go on as a host process with the host's root."""
+    wanted = tuple(str(lab).encode() for lab in labs)
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(arg.endswith(b"reaper.py") for arg in argv) and any(arg.startswith(wanted) for arg in argv[1:]):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+INIT_MOUNTS = ("/proc", "/sys", "/dev", "/dev/shm", "/dev/pts", "/run", "/tmp")  # where the harness's INIT mounts
+
+
+def host_mounts() -> list[str]:
+    """This namespace's mounts on the points INIT mounts on, in order (a guest's mount that got out shows here)."""
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [" ".join(line.split()[3:5]) for line in lines if line.split()[4] in INIT_MOUNTS]
+
+
 def left_after(labs: list[Path], timeout: float = GONE_WITHIN_S) -> list[str]:
-    """What of `labs` is still there after `timeout` (processes, directories, watches); [] as soon as nothing is."""
+    """What of `labs` is still there after `timeout` (processes, guest processes, directories, watches); [] as
+    soon as nothing is."""
     deadline = time.monotonic() + timeout
     while True:
         left = [f"{lab}: pids {reaper.processes_of(lab)}" for lab in labs if reaper.processes_of(lab)]
+        left += [f"guest process {pid}" for pid in guests_of(labs)]
         left += [f"{lab}: directory" for lab in labs if lab.exists()]
         left += [f"watch {pid}" for pid in watches_of(labs)]
         if not left or time.monotonic() > deadline:
@@ -106,6 +132,7 @@ def stopped(tmp_path):
 def test_a_stopped_pytest_leaves_no_uml_process_lab_or_namespace(number, after_s, tmp_path, stopped):
     """SIGTERM and SIGINT: pytest's own clean-up; SIGKILL: the watch. Stopped as the kernel starts, or `after_s`
     into the inner run."""
+    mounts = host_mounts()
     proc = start_pytest(tmp_path)
     stopped.append(proc)
     labs = booting(proc, tmp_path)
@@ -115,14 +142,17 @@ def test_a_stopped_pytest_leaves_no_uml_process_lab_or_namespace(number, after_s
     proc.send_signal(number)
     proc.wait(timeout=GONE_WITHIN_S)
     assert left_after(labs) == [], (tmp_path / "pytest.log").read_text()[-2000:]
+    assert host_mounts() == mounts, "a guest's mount got out onto the host"
 
 
 def test_what_a_killed_watch_left_the_next_sweep_removes(tmp_path, stopped):
     """The watch and pytest both SIGKILLed (a CI killing every process it started): the kernel stays, and
     `scripts/uml-run --sweep` (what every harness start does first) removes it and its labs."""
+    mounts = host_mounts()
     proc = start_pytest(tmp_path)
     stopped.append(proc)
     labs = booting(proc, tmp_path)
+    time.sleep(4.0)  # into the inner run: INIT has mounted, and its children run
     labs = sorted(set(labs) | set(labs_of(proc.pid)))
     for pid in watches_of(labs):
         os.kill(pid, signal.SIGKILL)
@@ -133,6 +163,7 @@ def test_what_a_killed_watch_left_the_next_sweep_removes(tmp_path, stopped):
     sweep = subprocess.run([str(ROOT / "scripts" / "uml-run"), "--sweep"], capture_output=True, text=True, timeout=60)
     assert sweep.returncode == 0, sweep.stderr
     assert left_after(labs) == []
+    assert host_mounts() == mounts, "a guest's mount got out onto the host"
 
 
 def copy_tree(checkout: Path) -> None:

@@ -45,6 +45,13 @@ from pathlib import Path
 from tests.support.uml import fxsave, reaper
 
 KERNEL = Path("/usr/bin/linux.uml")
+# UML's processes are host processes that the kernel (their ptrace tracer) runs; one that outlives its tracer (the
+# watch or the sweep SIGKILLs the kernel, whose guest processes' command lines do not name the lab) goes on as a
+# host process with the host's root: INIT's next lines then mounted tmpfs over the host's own /run, /tmp and
+# /dev/shm (seen twice on 2026-11-28: the docker engine's socket hidden, `poweroff -f` next in line). So the
+# kernel is the first process of a PID namespace of its own (the host kernel kills every process in it when it
+# ends; a reboot() there ends only it) in a mount namespace of its own (private: no mount gets out).
+SANDBOX = ("unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--")
 MODULES = Path("/usr/lib/uml/modules")
 INSIDE_ENV = "TESTBED_IN_UML"  # set for the command: tests and benchmarks know where they run
 LAB_ENV = "TESTBED_UML_LAB"  # set for the command: its run's lab directory on the host, seen through hostfs
@@ -85,6 +92,8 @@ def unavailable_reason() -> str | None:
         return "already inside user-mode Linux"
     if not KERNEL.exists():
         return f"{KERNEL} is missing (apt-get install user-mode-linux kmod; scripts/setup --tests does it)"
+    if shutil.which(SANDBOX[0]) is None:
+        return f"{SANDBOX[0]} is missing (apt-get install util-linux): UML runs in namespaces of its own"
     if shutil.which("modprobe") is None and not Path("/sbin/modprobe").exists():
         return "modprobe is missing (apt-get install kmod)"
     try:
@@ -259,7 +268,7 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
                                 command=shlex.join(argv), rcfile=shlex.quote(str(rcfile))))
     init.chmod(0o755)
     launcher = [sys.executable, str(Path(fxsave.__file__))] if fx else []
-    kernel_argv = [*launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
+    kernel_argv = [*SANDBOX, *launcher, str(KERNEL), f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
                    f"init={init}", "con=null", "con0=fd:0,fd:1", "ssl=null", "quiet",
                    f"umid={work.name}", f"uml_dir={work}"]  # boots run side by side
     start = time.monotonic()
