@@ -108,8 +108,11 @@ class Outcome:
 
 
 # NCCL between GPUs of one machine would use NVLink, PCIe or shared memory: under the emulated links, not through
-EMULATED_NCCL = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
-                 "NCCL_SOCKET_IFNAME": "eth0"}
+# every backend: RDMA (InfiniBand, RoCE) bypasses the kernel's qdiscs, so NCCL must take TCP sockets for the shaped
+# links to apply to it (real hosts over ssh included: there it would otherwise cross DCs unshaped)
+SHAPED_NCCL = {"NCCL_IB_DISABLE": "1"}
+# emulated nodes share one machine: its GPUs' peer-to-peer and shared-memory paths would bypass the emulated links
+EMULATED_NCCL = {**SHAPED_NCCL, "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
 
 
 def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metrics_dir: Path,
@@ -139,7 +142,7 @@ def rank_layout(topology: Topology, plan: NetworkPlan, ranks_per_node: int, metr
             env = {
                 **told.to_env(),
                 "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                **(EMULATED_NCCL if emulated else {}),
+                **(EMULATED_NCCL if emulated else SHAPED_NCCL),
                 **(extra_env or {}),
             }
             specs.append(RankSpec(rank, node, local, env))

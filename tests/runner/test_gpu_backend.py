@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from testbed.plan.network import build_plan
-from testbed.runner.ranks import EMULATED_NCCL, rank_layout
+from testbed.runner.ranks import EMULATED_NCCL, SHAPED_NCCL, rank_layout
 from testbed.spec.topology import topology_from_data
 from testbed.workload.groups import backend, gpu_slot
 from tests.support.topologies import pair_data
@@ -66,4 +66,6 @@ def test_emulated_ranks_share_the_machines_gpus_and_nccl_takes_the_emulated_link
     hosts = rank_layout(topology, plan, 2, Path("/tmp/m"), master_port=20001, emulated=False)
     assert [s.env["TESTBED_GPU_SLOT"] for s in hosts] == ["0", "1"] * 4
     assert {s.env["TESTBED_GPU_SHARERS"] for s in hosts} == {"2"}
-    assert not any(key in s.env for s in hosts for key in EMULATED_NCCL)
+    # real hosts keep their GPUs' own paths inside a node, but never RDMA across: it would bypass the shaped links
+    assert not any(key in s.env for s in hosts for key in EMULATED_NCCL.keys() - SHAPED_NCCL.keys())
+    assert all(s.env["NCCL_IB_DISABLE"] == "1" for s in hosts)
