@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -132,7 +133,7 @@ def stopped(tmp_path):
 def test_a_stopped_pytest_leaves_no_uml_process_lab_or_namespace(number, after_s, tmp_path, stopped):
     """SIGTERM and SIGINT: pytest's own clean-up; SIGKILL: the watch. Stopped as the kernel starts, or `after_s`
     into the inner run."""
-    mounts = host_mounts()
+    mounts, hostname = host_mounts(), socket.gethostname()
     proc = start_pytest(tmp_path)
     stopped.append(proc)
     labs = booting(proc, tmp_path)
@@ -143,12 +144,13 @@ def test_a_stopped_pytest_leaves_no_uml_process_lab_or_namespace(number, after_s
     proc.wait(timeout=GONE_WITHIN_S)
     assert left_after(labs) == [], (tmp_path / "pytest.log").read_text()[-2000:]
     assert host_mounts() == mounts, "a guest's mount got out onto the host"
+    assert socket.gethostname() == hostname, "a guest's host name got out onto the host"
 
 
 def test_what_a_killed_watch_left_the_next_sweep_removes(tmp_path, stopped):
     """The watch and pytest both SIGKILLed (a CI killing every process it started): the kernel stays, and
     `scripts/uml-run --sweep` (what every harness start does first) removes it and its labs."""
-    mounts = host_mounts()
+    mounts, hostname = host_mounts(), socket.gethostname()
     proc = start_pytest(tmp_path)
     stopped.append(proc)
     labs = booting(proc, tmp_path)
@@ -164,6 +166,7 @@ def test_what_a_killed_watch_left_the_next_sweep_removes(tmp_path, stopped):
     assert sweep.returncode == 0, sweep.stderr
     assert left_after(labs) == []
     assert host_mounts() == mounts, "a guest's mount got out onto the host"
+    assert socket.gethostname() == hostname, "a guest's host name got out onto the host"
 
 
 def copy_tree(checkout: Path) -> None:

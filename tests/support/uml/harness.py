@@ -48,10 +48,11 @@ KERNEL = Path("/usr/bin/linux.uml")
 # UML's processes are host processes that the kernel (their ptrace tracer) runs; one that outlives its tracer (the
 # watch or the sweep SIGKILLs the kernel, whose guest processes' command lines do not name the lab) goes on as a
 # host process with the host's root: INIT's next lines then mounted tmpfs over the host's own /run, /tmp and
-# /dev/shm (seen twice on 2026-11-28: the docker engine's socket hidden, `poweroff -f` next in line). So the
-# kernel is the first process of a PID namespace of its own (the host kernel kills every process in it when it
-# ends; a reboot() there ends only it) in a mount namespace of its own (private: no mount gets out).
-SANDBOX = ("unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--")
+# /dev/shm and set the host's name to "uml" (three times on 2026-11-28: the docker engine's socket hidden,
+# `poweroff -f` next in line). So the kernel is the first process of a PID namespace of its own (the host kernel
+# kills every process in it when it ends; a reboot() there ends only it), in a mount namespace (private: no mount
+# gets out) and a UTS namespace (its host name) of its own.
+SANDBOX = ("unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--uts", "--")
 MODULES = Path("/usr/lib/uml/modules")
 INSIDE_ENV = "TESTBED_IN_UML"  # set for the command: tests and benchmarks know where they run
 LAB_ENV = "TESTBED_UML_LAB"  # set for the command: its run's lab directory on the host, seen through hostfs
