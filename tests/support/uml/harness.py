@@ -441,8 +441,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def interrupt_on_termination() -> None:
     """SIGTERM and SIGHUP (a CI's timeout or cancel, a closed terminal) raise KeyboardInterrupt in the main thread,
     as Ctrl-C does: the run's clean-up then kills the kernel and removes its lab (by default they end the process
-    at once, and the watch does it a moment later)."""
+    at once, and the watch does it a moment later). In this process only: a fork of it (pyroute2 forks to create a
+    namespace or a socket inside one) that a clean SIGTERMs there must end, not unwind pytest's stack and run its
+    teardowns a second time (it had removed another test's namespace, and cleaned up from inside a testbed's
+    namespace, SIGTERMing its own parent: CI, 2026-11-28)."""
+    main_pid = os.getpid()
+
     def interrupt(number: int, frame) -> None:
+        if os.getpid() != main_pid:
+            os._exit(128 + number)
         raise KeyboardInterrupt(signal.Signals(number).name)
 
     for number in (signal.SIGTERM, signal.SIGHUP):
