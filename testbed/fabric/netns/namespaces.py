@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pyroute2 import IPRoute, netns
 
@@ -18,19 +20,34 @@ def list_namespaces(prefix: str) -> list[str]:
     return sorted(name for name in netns.listnetns() if owned_by(name, prefix))
 
 
+@contextmanager
+def entered(ns: str) -> Iterator[None]:
+    """This thread inside namespace `ns` for the block, and back in its own after it.
+
+    Not pyroute2's pushns/popns: they keep one stack for every thread and save the namespace of the process's main
+    thread (/proc/self), so two threads entering at once can pop each other's entry and one stays inside. This
+    saves and restores the calling thread's own (/proc/thread-self)."""
+    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        netns.setns(ns, flags=0)
+        try:
+            yield
+        finally:
+            netns.setns(saved, flags=0)
+    finally:
+        os.close(saved)
+
+
 def set_sysctls(ns: str, values: dict[str, str]) -> None:
     """Write /proc/sys entries as seen from inside `ns` (the net sysctls follow the thread's namespace).
 
     IPv6 entries are skipped on a kernel without IPv6: they only switch it off inside our namespaces."""
-    netns.pushns(ns)
-    try:
+    with entered(ns):
         for key, value in values.items():
             if key.startswith("net/ipv6/") and not os.path.isdir("/proc/sys/net/ipv6"):
                 continue
             with open(f"/proc/sys/{key}", "w") as out:
                 out.write(value)
-    finally:
-        netns.popns()
 
 
 def kill_namespace_processes(names: list[str], timeout: float = 3.0) -> int:
