@@ -159,15 +159,15 @@ def inter_dc_loss(backend: Backend) -> dict[str, str]:
     return {link["key"]: link["loss"] for link in json.loads(status.stdout)["links"] if link["kind"] == "inter-dc"}
 
 
-def partition(backend: Backend) -> None:
-    """`testbed fault partition` for 3 s: both directions at 100 % loss while it lasts (as `status`, reading the
-    state file, sees it), applied and cleared within the backend's bound of their schedule, and the link as it
-    was after."""
+def partition(backend: Backend, seconds: float = 3.0, watch_s: float = 30.0) -> None:
+    """`testbed fault partition` for `seconds`: both directions at 100 % loss while it lasts (as `status`, reading
+    the state file, sees it; watched for up to `watch_s`), applied and cleared within the backend's bound of their
+    schedule, and the link as it was after."""
     done: dict[str, subprocess.CompletedProcess] = {}
     thread = threading.Thread(target=lambda: done.setdefault("fault", backend.cli(
-        "fault", "partition", "east", "west", "--for", "3s", timeout=120)))
+        "fault", "partition", "east", "west", "--for", f"{seconds:g}s", timeout=120)))
     thread.start()
-    deadline, seen = time.monotonic() + 30, {}
+    deadline, seen = time.monotonic() + watch_s, {}
     while thread.is_alive() and time.monotonic() < deadline:
         seen = inter_dc_loss(backend)
         if set(seen.values()) == {"100%"}:
@@ -179,7 +179,7 @@ def partition(backend: Backend) -> None:
     assert set(seen.values()) == {"100%"}, (seen, fault.stdout)
     ((applied, cleared),) = re.findall(r"applied at ([0-9.]+)s, cleared at ([0-9.]+)s", fault.stdout)
     bound = backend.fault_bound_s
-    assert float(applied) <= bound and 3.0 <= float(cleared) <= 3.0 + bound, fault.stdout
+    assert float(applied) <= bound and seconds <= float(cleared) <= seconds + bound, fault.stdout
     assert set(inter_dc_loss(backend).values()) == {"0%"}
     for pair in probe(backend).values():
         assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS and pair["ping_loss"] == 0, pair

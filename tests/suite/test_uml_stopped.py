@@ -47,15 +47,8 @@ def labs_of(pid: int) -> list[Path]:
 def watches_of(labs: list[Path]) -> list[int]:
     """The watch processes (reaper.py run as a script) of `labs`."""
     wanted = {str(lab).encode() for lab in labs}
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(arg.endswith(b"reaper.py") for arg in argv) and wanted & set(argv):
-            found.append(int(cmdline.parent.name))
-    return found
+    return [pid for pid, argv in reaper.command_lines()
+            if any(arg.endswith(b"reaper.py") for arg in argv) and wanted & set(argv)]
 
 
 def start_pytest(tmp_path: Path, checkout: Path = ROOT) -> subprocess.Popen:
@@ -82,15 +75,8 @@ def guests_of(labs: list[Path]) -> list[int]:
     """Host processes running one of `labs`' guest programs (INIT is `sh LAB/init`; its children name LAB too):
     one that outlived its kernel would go on as a host process with the host's root."""
     wanted = tuple(str(lab).encode() for lab in labs)
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not any(arg.endswith(b"reaper.py") for arg in argv) and any(arg.startswith(wanted) for arg in argv[1:]):
-            found.append(int(cmdline.parent.name))
-    return found
+    return [pid for pid, argv in reaper.command_lines()
+            if not any(arg.endswith(b"reaper.py") for arg in argv) and any(arg.startswith(wanted) for arg in argv[1:])]
 
 
 INIT_MOUNTS = ("/proc", "/sys", "/dev", "/dev/shm", "/dev/pts", "/run", "/tmp")  # where the harness's INIT mounts

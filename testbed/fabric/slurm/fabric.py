@@ -166,14 +166,19 @@ class NodeShell:
         return run_script(self.send, self.recv, lines, timeout)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _end(self.proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Close our end of `proc`'s stdin (the step ends with it), wait for it, and kill it if it does not end."""
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class SrunChannel:
@@ -202,14 +207,7 @@ class SrunChannel:
             return b""
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _end(self.proc)
 
 
 class SlurmFabric(Fabric[SlurmPlan]):

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import QUICKSTART_CELL, run_cli
-from tests.fabric.test_backends import RTT_SLACK_MS, Backend, inter_dc_loss, probe
+from tests.fabric.test_backends import RTT_SLACK_MS, Backend, partition, probe
 from tests.support.slurm_lab import SlurmLab, running_lab
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.timeout(900)]
@@ -77,30 +76,6 @@ def slurm(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterat
 FAULT_S = 6.0  # longer than tests/fabric/test_backends.py's 3 s: one `status` here takes 2-4 s at load 14-17
 
 
-def partition(backend: Backend) -> None:
-    """`testbed fault partition` (as test_backends.partition, for FAULT_S): 100 % loss both ways while it lasts,
-    as `status` sees it, applied and cleared within 0.25 s of their schedule (a script to each node's kept root
-    shell), the links as they were after."""
-    done: dict[str, subprocess.CompletedProcess] = {}
-    thread = threading.Thread(target=lambda: done.setdefault("fault", backend.cli(
-        "fault", "partition", "east", "west", "--for", f"{FAULT_S:g}s", timeout=120)))
-    thread.start()
-    deadline, seen = time.monotonic() + 60, {}
-    while thread.is_alive() and time.monotonic() < deadline:
-        seen = inter_dc_loss(backend)
-        if set(seen.values()) == {"100%"}:
-            break
-        time.sleep(0.2)
-    thread.join()
-    fault = done["fault"]
-    assert fault.returncode == 0, fault.stderr[-2000:]
-    assert set(seen.values()) == {"100%"}, (seen, fault.stdout)
-    ((applied, cleared),) = re.findall(r"applied at ([0-9.]+)s, cleared at ([0-9.]+)s", fault.stdout)
-    assert float(applied) <= backend.fault_bound_s, fault.stdout
-    assert FAULT_S <= float(cleared) <= FAULT_S + backend.fault_bound_s, fault.stdout
-    assert set(inter_dc_loss(backend).values()) == {"0%"}
-
-
 def job_of(lab: SlurmLab, prefix: str) -> str:
     return lab.slurm("squeue", "-h", "-n", f"testbed-{prefix.rstrip('-')}", "-o", "%i").stdout.strip()
 
@@ -127,7 +102,7 @@ def test_up_status_probe_shape_partition_down(slurm: Backend, lab: SlurmLab, pre
         assert pair["rtt_applied_ms"] == pytest.approx(8.0)
         assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS, pair
 
-    partition(slurm)
+    partition(slurm, FAULT_S, watch_s=60)  # a partition on schedule, as on the other backends
     for pair in probe(slurm).values():
         assert 8.0 <= pair["rtt_p50_ms"] <= 8.0 + RTT_SLACK_MS and pair["ping_loss"] == 0, pair
 

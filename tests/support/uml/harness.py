@@ -312,23 +312,15 @@ def _boot_in(work: Path, version: str, argv: list[str], *, cwd: Path, env: dict[
 
 
 @contextmanager
-def host_realtime(timeout: float = 5.0) -> Iterator[bool]:
-    """Inside UML, for a measurement of timing: the host runs this kernel's processes SCHED_RR (priority 1) for the
-    block, as the probe's own pinger runs SCHED_FIFO on a host (testbed/agents/probe.py); yields whether it does.
-
-    Why: each netem hop of a path waits on a timer, and each expiry needs the host to wake UML's process; beside
-    busy host processes an ordinary wake-up waits for a CPU, so the excess grows with the hops of the path. Measured
-    with tests/support/uml/hops.py (ping over a chain of namespaces, netem 5 ms a hop each way, 200 pings, medians beyond
-    2 H x 5 ms; 2-core host, other sessions' tests running, 2026-11-28), 1/2/3 hops: two `python3 -c 'while True:
-    pass'` beside (load 3): 0.04/0.23/1.21 ms, p90 11.3/23.9/35.9 ms; three beside (load 5): nice -15
-    0.11/0.21/1.21 ms, p90 15.0/20.5/36.3; SCHED_RR 0.00/0.19/0.20 ms, p90 10.2/20.4/30.4. None beside (load 2):
-    0.03/0.10/0.40 ms, p90 10.2/20.4/33.0.
+def _ask_host(asked_name: str, given_name: str, timeout: float) -> Iterator[bool]:
+    """Inside UML: ask the host's boot loop (through the lab's files `asked_name` and `given_name`) for something
+    for the block; yields whether it was given within `timeout`, and waits as long for it to be taken back after.
     Outside UML, or with $TESTBED_UML_RT=0, nothing is asked."""
     lab = os.environ.get(LAB_ENV)
     if not lab or not inside() or os.environ.get(REALTIME_ENV) == "0":
         yield False
         return
-    asked, given = Path(lab) / REALTIME_ASKED, Path(lab) / REALTIME_GIVEN
+    asked, given = Path(lab) / asked_name, Path(lab) / given_name
     asked.write_text("1\n")
     deadline = time.monotonic() + timeout
     while not given.exists() and time.monotonic() < deadline:
@@ -343,6 +335,23 @@ def host_realtime(timeout: float = 5.0) -> Iterator[bool]:
 
 
 @contextmanager
+def host_realtime(timeout: float = 5.0) -> Iterator[bool]:
+    """Inside UML, for a measurement of timing: the host runs this kernel's processes SCHED_RR (priority 1) for the
+    block, as the probe's own pinger runs SCHED_FIFO on a host (testbed/agents/probe.py); yields whether it does.
+
+    Why: each netem hop of a path waits on a timer, and each expiry needs the host to wake UML's process; beside
+    busy host processes an ordinary wake-up waits for a CPU, so the excess grows with the hops of the path. Measured
+    with tests/support/uml/hops.py (ping over a chain of namespaces, netem 5 ms a hop each way, 200 pings, medians beyond
+    2 H x 5 ms; 2-core host, other sessions' tests running, 2026-11-28), 1/2/3 hops: two `python3 -c 'while True:
+    pass'` beside (load 3): 0.04/0.23/1.21 ms, p90 11.3/23.9/35.9 ms; three beside (load 5): nice -15
+    0.11/0.21/1.21 ms, p90 15.0/20.5/36.3; SCHED_RR 0.00/0.19/0.20 ms, p90 10.2/20.4/30.4. None beside (load 2):
+    0.03/0.10/0.40 ms, p90 10.2/20.4/33.0.
+    Outside UML, or with $TESTBED_UML_RT=0, nothing is asked."""
+    with _ask_host(REALTIME_ASKED, REALTIME_GIVEN, timeout) as given:
+        yield given
+
+
+@contextmanager
 def host_share(timeout: float = 5.0) -> Iterator[bool]:
     """Inside UML, for a measurement of throughput (a TCP flow): the host gives this kernel's processes the largest
     CPU share for the block (nice -20, SCHED_OTHER; and their session's autogroup nice -20, where the host kernel
@@ -351,22 +360,8 @@ def host_share(timeout: float = 5.0) -> Iterator[bool]:
     100 ms quanta, which stalls a TCP flow (east->north read 18 % under its rate on a quiet host). Without either,
     beside other sessions' tests (load 15, 2026-11-28), east->west read 18 % under its 200 Mbit/s: UML's one CPU
     was a share of the host's two. Outside UML, or with $TESTBED_UML_RT=0, nothing is asked."""
-    lab = os.environ.get(LAB_ENV)
-    if not lab or not inside() or os.environ.get(REALTIME_ENV) == "0":
-        yield False
-        return
-    asked, given = Path(lab) / SHARE_ASKED, Path(lab) / SHARE_GIVEN
-    asked.write_text("1\n")
-    deadline = time.monotonic() + timeout
-    while not given.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield given.exists()
-    finally:
-        asked.unlink(missing_ok=True)
-        deadline = time.monotonic() + timeout
-        while given.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+    with _ask_host(SHARE_ASKED, SHARE_GIVEN, timeout) as given:
+        yield given
 
 
 def _answer_share(work: Path, given: bool) -> bool:

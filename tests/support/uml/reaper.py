@@ -86,17 +86,19 @@ def owner_alive(lab: Path) -> bool | None:
     return start_time(int(pid)) == started
 
 
+def command_lines() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every host process whose command line can be read now."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            yield int(cmdline.parent.name), cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+
+
 def processes_of(lab: Path) -> list[int]:
     """Host processes whose command line names `lab` (a UML kernel started with uml_dir=LAB, and its forks)."""
     needle = f"uml_dir={lab}".encode()
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if needle in cmdline.read_bytes().split(b"\0"):
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return found
+    return [pid for pid, argv in command_lines() if needle in argv]
 
 
 def remove(lab: Path, timeout: float = 10.0) -> None:
