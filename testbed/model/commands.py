@@ -1,5 +1,5 @@
 """What the CLI's model commands do (`plan`, `whatif`), as functions over files returning plain data; the
-CLI renders them. (`calibrate` needs a testbed: testbed.runner.calibrate.calibrate_file.)"""
+CLI renders them. (`calibrate` needs a testbed: testbed.api.calibrate.)"""
 
 from __future__ import annotations
 

@@ -97,30 +97,3 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     measured["shared_clock"] = registry.get(testbed.state.backend).shared_clock
     (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
     return fit(testbed.topology, measured, ranks_per_node)
-
-
-def calibrate_file(path: Path, output: Path, *, prefix: str, shaper: str = "auto", backend: Any = registry.DEFAULT,
-                   ranks_per_node: int = 1, sizes: list[int] | None = None, reps: int = 2) -> Any:
-    """`testbed calibrate TOPOLOGY|EXPERIMENT`: bring the topology up (an experiment's, with its model profiled),
-    measure, fit, write the calibration file, tear down. Returns the Calibration."""
-    import yaml
-
-    from testbed.fabric.lifecycle import bring_up, tear_down
-    from testbed.spec.experiment import load_experiment
-    from testbed.spec.topology import load_topology
-
-    text = yaml.safe_load(Path(path).read_text()) if Path(path).exists() else None
-    experiment = None
-    if isinstance(text, dict) and "strategies" in text:
-        experiment, topology = load_experiment(path)
-        ranks_per_node = experiment.workload.ranks_per_node
-    else:
-        topology = load_topology(path)
-    testbed = bring_up(topology, prefix=prefix, shaper=shaper, topology_file=Path(path), backend=backend)
-    try:
-        calibration = calibrate_testbed(testbed, output.parent / (output.stem + "-work"), experiment,
-                                        ranks_per_node=ranks_per_node, sizes=sizes, reps=reps)
-    finally:
-        tear_down(prefix)
-    calibration.save(output)
-    return calibration
