@@ -124,6 +124,19 @@ def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> 
 
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+# struct tcp_info (linux/tcp.h), the fields a flow's shortfall is read from, by offset; a kernel older than a
+# field returns a shorter struct and the field is left out.
+TCP_INFO_FIELDS = {"rto_us": (8, "I"), "snd_cwnd": (80, "I"), "total_retrans": (100, "I"), "min_rtt_us": (148, "I"),
+                   "busy_us": (168, "Q"), "rwnd_limited_us": (176, "Q"), "sndbuf_limited_us": (184, "Q"),
+                   "bytes_retrans": (208, "Q")}
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int]:
+    """The sender's view of its flow: retransmissions, and how long it was limited by the receiver's window or its
+    own buffer (the kernel's TCP_INFO)."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return {name: struct.unpack_from(f"={kind}", raw, offset)[0] for name, (offset, kind) in TCP_INFO_FIELDS.items()
+            if offset + struct.calcsize(kind) <= len(raw)}
 
 
 def send(target: str, port: int, seconds: float, pace_bps: float = 0.0) -> dict:
@@ -141,9 +154,11 @@ def send(target: str, port: int, seconds: float, pace_bps: float = 0.0) -> dict:
     reply = b""
     while chunk := sock.recv(4096):
         reply += chunk
+    info = tcp_info(sock)  # after the sink's answer: every byte sent has been acknowledged
     sock.close()
     result = json.loads(reply)
     result["sent_bytes"] = sent
+    result["tcp"] = info
     return result
 
 

@@ -160,9 +160,14 @@ def probe_table(records: list[dict], info: dict) -> Table:
                                                                      if r.get("delay_line_note") else ""),
             f"{r['loss_configured'] * 100:.2f}% / {_fmt(r['ping_loss'] and r['ping_loss'] * 100, '.2f', '%')}",
             _fmt(r["rate_configured_mbps"], ",.0f", " Mbit/s"), _fmt(r["goodput_expected_mbps"], ",.1f", " Mbit/s"),
-            _fmt(r["goodput_mbps"], ",.1f", " Mbit/s"),
+            _fmt(r["goodput_mbps"], ",.1f", " Mbit/s") + _retransmits(r.get("flow_retransmits")),
             _fmt(r["goodput_error"] and r["goodput_error"] * 100, "+.1f", "%"), r["not_applied"] or "-")
     return table
+
+
+def _retransmits(count: int | None) -> str:
+    """A flow's retransmitted segments beside its goodput, where there were any."""
+    return f" ({count} retx)" if count else ""
 
 
 def _percent(value: Any) -> str:

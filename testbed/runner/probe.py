@@ -55,6 +55,8 @@ class PairProbe:
     goodput_mbps: float | None
     goodput_error: float | None  # (measured - expected) / expected
     not_applied: str
+    flow_retransmits: int | None = None  # segments the flow's sender sent again (its TCP_INFO)
+    flow_rwnd_limited: float | None = None  # share of the flow's busy time the receiver's window held it back
     delay_line_residual_ms: float | None = None  # what the delay lines on the round trip still add (their p50s)
     delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
 
@@ -178,7 +180,16 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
         goodput_mbps=goodput / 1e6 if goodput is not None else None,
         goodput_error=(goodput - expected) / expected if expected and goodput is not None else None,
         not_applied=", ".join(missing),
+        **_flow_counters(flow),
     )
+
+
+def _flow_counters(flow: dict | None) -> dict:
+    """The sender's TCP_INFO figures a PairProbe keeps (none without a flow or from an older agent/kernel)."""
+    tcp = (flow or {}).get("tcp", {})
+    busy = tcp.get("busy_us")
+    return {"flow_retransmits": tcp.get("total_retrans"),
+            "flow_rwnd_limited": tcp["rwnd_limited_us"] / busy if busy and "rwnd_limited_us" in tcp else None}
 
 
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,

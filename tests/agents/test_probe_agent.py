@@ -14,6 +14,7 @@ import pytest
 
 from testbed.agents import probe
 from testbed.agents.delayline.worker import RT_PRIORITY as DELAY_LINE_PRIORITY
+from testbed.runner.probe import _flow_counters
 
 pytestmark = pytest.mark.root  # SCHED_FIFO needs CAP_SYS_NICE
 
@@ -70,3 +71,14 @@ def test_one_pair_agent_pings_then_sends_only_when_asked(seconds):
     else:
         assert result["flow"]["sent_bytes"] > 0 and result["flow"]["goodput_bps"] > 0
         assert 0.4 <= result["flow"]["duration"] <= 2.0, result["flow"]
+        tcp = result["flow"]["tcp"]  # the sender's TCP_INFO: how a shortfall would be read
+        assert set(tcp) == set(probe.TCP_INFO_FIELDS), tcp
+        assert 0 < tcp["busy_us"] <= result["flow"]["duration"] * 1e6 + 1e5 and tcp["min_rtt_us"] > 0, tcp
+        assert tcp["bytes_retrans"] <= tcp["total_retrans"] * 65536, tcp
+
+
+def test_a_pair_keeps_the_flows_retransmits_and_receiver_window_share():
+    flow = {"tcp": {"total_retrans": 3, "busy_us": 2_000_000, "rwnd_limited_us": 500_000}}
+    assert _flow_counters(flow) == {"flow_retransmits": 3, "flow_rwnd_limited": 0.25}
+    assert _flow_counters(None) == {"flow_retransmits": None, "flow_rwnd_limited": None}
+    assert _flow_counters({"goodput_bps": 1.0}) == {"flow_retransmits": None, "flow_rwnd_limited": None}

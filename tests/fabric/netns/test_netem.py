@@ -188,9 +188,9 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
     with host_share() as shared:
         flows = run_cli("probe", "--json", "--pings", "5", "--seconds", "3s", timeout=600)
     assert flows.returncode == 0, flows.stderr
-    goodput = {(p["src"], p["dst"]): p["goodput_error"] for p in json.loads(flows.stdout)["pairs"]}
-    pairs = {(p["src"], p["dst"]): {**p, "goodput_error": goodput[(p["src"], p["dst"])]}
-             for p in json.loads(proc.stdout)["pairs"]}
+    flow_keys = ("goodput_mbps", "goodput_error", "flow_retransmits", "flow_rwnd_limited")
+    goodput = {(p["src"], p["dst"]): {key: p[key] for key in flow_keys} for p in json.loads(flows.stdout)["pairs"]}
+    pairs = {(p["src"], p["dst"]): {**p, **goodput[(p["src"], p["dst"])]} for p in json.loads(proc.stdout)["pairs"]}
     assert len(pairs) == 6 and all(0 <= ms < 5 for ms in own.values()), own
     expected_rate = {("east", "west"): 200, ("west", "east"): 200, ("west", "north"): 100,
                      ("north", "west"): 50, ("east", "north"): 100, ("north", "east"): 50}
