@@ -82,3 +82,22 @@ def test_a_pair_keeps_the_flows_retransmits_and_receiver_window_share():
     assert _flow_counters(flow) == {"flow_retransmits": 3, "flow_rwnd_limited": 0.25}
     assert _flow_counters(None) == {"flow_retransmits": None, "flow_rwnd_limited": None}
     assert _flow_counters({"goodput_bps": 1.0}) == {"flow_retransmits": None, "flow_rwnd_limited": None}
+
+
+def test_goodput_counts_bytes_where_the_kernel_received_them_not_when_a_stalled_reader_read_them():
+    """A link carrying 1 MB every 10 ms for 3 s, its reader stalled from 0.45 s to 0.95 s (it then reads the
+    backlog) and again for the last 0.3 s: the kernel's count gives the link's rate; the count of reads (the probe's
+    figure before) reads the backlog into its window and the final wait out of it."""
+    rate = 1e6 / 0.01  # bytes per second
+    marks, read = [], 0
+    for i in range(301):
+        t = i * 0.01
+        if 0.45 < t < 0.95 or t > 2.7:
+            continue  # the reader is not running: no mark
+        read = int(rate * t)
+        marks.append((t, int(rate * t), read))
+    marks.append((3.3, int(rate * 3.0), int(rate * 3.0)))  # EOF read 0.3 s after the last byte arrived
+    figures = probe.flow_figures(marks, warmup=0.5)
+    assert figures["goodput_bps"] == pytest.approx(rate * 8, rel=1e-6)
+    assert figures["window_seconds"] == pytest.approx(2.7 - 0.95)
+    assert abs(figures["read_goodput_bps"] / (rate * 8) - 1) > 0.05, figures
