@@ -57,6 +57,8 @@ class PairProbe:
     not_applied: str
     flow_retransmits: int | None = None  # segments the flow's sender sent again (its TCP_INFO)
     flow_rwnd_limited: float | None = None  # share of the flow's busy time the receiver's window held it back
+    flow_reader_gap_s: float | None = None  # the longest the sink went between two reads (a busy machine's)
+    goodput_by_reads_mbps: float | None = None  # goodput counted by the sink's reads, as before 2026-11-28
     delay_line_residual_ms: float | None = None  # what the delay lines on the round trip still add (their p50s)
     delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
 
@@ -188,8 +190,11 @@ def _flow_counters(flow: dict | None) -> dict:
     """The sender's TCP_INFO figures a PairProbe keeps (none without a flow or from an older agent/kernel)."""
     tcp = (flow or {}).get("tcp", {})
     busy = tcp.get("busy_us")
+    by_reads = (flow or {}).get("read_goodput_bps")
     return {"flow_retransmits": tcp.get("total_retrans"),
-            "flow_rwnd_limited": tcp["rwnd_limited_us"] / busy if busy and "rwnd_limited_us" in tcp else None}
+            "flow_rwnd_limited": tcp["rwnd_limited_us"] / busy if busy and "rwnd_limited_us" in tcp else None,
+            "flow_reader_gap_s": (flow or {}).get("reader_gap_max_s"),
+            "goodput_by_reads_mbps": by_reads / 1e6 if by_reads is not None else None}
 
 
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,

@@ -79,9 +79,11 @@ def test_one_pair_agent_pings_then_sends_only_when_asked(seconds):
 
 def test_a_pair_keeps_the_flows_retransmits_and_receiver_window_share():
     flow = {"tcp": {"total_retrans": 3, "busy_us": 2_000_000, "rwnd_limited_us": 500_000}}
-    assert _flow_counters(flow) == {"flow_retransmits": 3, "flow_rwnd_limited": 0.25}
-    assert _flow_counters(None) == {"flow_retransmits": None, "flow_rwnd_limited": None}
-    assert _flow_counters({"goodput_bps": 1.0}) == {"flow_retransmits": None, "flow_rwnd_limited": None}
+    none = dict.fromkeys(("flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s", "goodput_by_reads_mbps"))
+    assert _flow_counters(flow) == {**none, "flow_retransmits": 3, "flow_rwnd_limited": 0.25}
+    assert _flow_counters(None) == none
+    assert _flow_counters({"goodput_bps": 1.0, "read_goodput_bps": 2e6, "reader_gap_max_s": 0.5}) == {
+        **none, "flow_reader_gap_s": 0.5, "goodput_by_reads_mbps": 2.0}
 
 
 def test_goodput_counts_bytes_where_the_kernel_received_them_not_when_a_stalled_reader_read_them():
