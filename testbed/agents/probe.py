@@ -89,10 +89,9 @@ def flow_figures(marks: list[tuple[float, int, int]], warmup: float) -> dict:
 
 def _sink(conn: socket.socket, warmup: float) -> None:
     """Goodput where bytes arrive, from the kernel's count of bytes received at each mark, not from what this
-    process has read by then: a reader the machine leaves waiting reads a backlog later, and counting reads puts
-    a stall's backlog inside the window (19 % over the rate at 200 Mbit/s in user-mode Linux beside two busy loops,
-    2026-11-28) or its wait at the end of it (under). `read_goodput_bps` is the figure by reads, for comparison;
-    `reader_gap_max_s` the longest the reader went between two reads."""
+    process has read by then: a reader the machine leaves waiting reads a backlog later, and counting reads puts a
+    stall's backlog inside the window or its wait at the end of it (test_probe_agent builds both). `read_goodput_bps`
+    is the figure by reads, for comparison; `reader_gap_max_s` the longest the reader went between two reads."""
     marks: list[tuple[float, int, int]] = []  # (time, bytes the kernel had received, bytes read)
     total, gap, last = 0, 0.0, None
     buf = bytearray(CHUNK)
