@@ -202,7 +202,8 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
         assert pair["rtt_configured_ms"] == pytest.approx(rtt)
         assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, realtime, pair)
         assert pair["rate_configured_mbps"] == pytest.approx(expected_rate[(src, dst)])
-        assert abs(pair["goodput_error"]) <= 0.10, (shared, {key: pair[key] for key in flow_keys})
+        assert abs(pair["goodput_error"]) <= 0.10, json.dumps({"src": src, "dst": dst, "host_share": shared,
+                                                               **{key: pair[key] for key in flow_keys}})
     print(f"host real-time {realtime}, share {shared}; UML's own round trips, ms: {own};",  # for the record
           json.dumps(list(pairs.values()), indent=1))
 
