@@ -13,10 +13,9 @@ UML's own unshaped round trip inside one DC). With 3-5 `python3 -c 'while True: 
 and other sessions' tests running (load 5-12, 2026-11-28), p50 minus own route minus configured, per probe pair
 and for the live-shaped 50 ms: real-time, eight runs, -0.38..+0.24 ms and -0.16..+0.24 ms; without it
 (TESTBED_UML_RT=0, one run), up to +1.10 ms (west->east) and +1.22 ms. UML's own round trips on the routes:
-0.30-0.87 ms. Goodput is not helped as much: one of those runs measured east->north 18 % under its rate (bound 10 %).
-Measured 2026-11-28 at b7d8f3e (7e74f76 with 563a5c0's change), other sessions' tests beside (load 6-16, steal 0.1 %),
-8 runs: RTT p50 net of own route -0.36..+0.54 ms, quiet jitter spread 0.08-1.51 ms, faults on time in all; goodput
-ratio 0.80-0.98, under 0.90 in 4: passed 2/3 plain, 2/5 with two `python3 -c 'while True: pass'`; 05952ba: 0/2.
+0.30-0.87 ms. How steady the module is, run after run, quiet and beside two busy loops: docs/development/tests.md
+("How steady the netem tests are", 2026-11-28: quiet 10 of 10; beside two busy loops 2 of 4, the goodput bound
+failing with UML carrying 19-39 % under the rate; run 21: no retransmission).
 """
 
 from __future__ import annotations
