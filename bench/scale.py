@@ -95,7 +95,7 @@ def cell_figures(cell_dir: Path) -> dict:
     """Launch-to-first-step and median step time (a step lasts as long as its slowest rank) of one cell."""
     result = json.loads((cell_dir / "result.json").read_text())
     steps: dict[int, list[dict]] = {}
-    starts = []
+    starts, starts_groups = [], []
     for path in (cell_dir / "metrics").glob("rank*.jsonl"):
         for line in path.read_text().splitlines():
             record = json.loads(line)
@@ -103,9 +103,21 @@ def cell_figures(cell_dir: Path) -> dict:
                 steps.setdefault(record["step"], []).append(record)
             elif record.get("event") == "start":
                 starts.append(record["time"])
+                if "groups_s" in record:
+                    starts_groups.append(record["groups_s"])
     world = result["world"]
     first = steps.get(0, [])
+    later = [group for s, group in steps.items() if s > 0]
+
+    def slowest(name: str) -> float | None:
+        """Median over the later steps of the rank that spent the most on `name` (a step waits for it)."""
+        values = [max(r.get(name, 0.0) for r in group) for group in later]
+        return statistics.median(values) if values else None
+
     return {"status": result["status"], "reason": result["reason"], "log_tail": result.get("log_tail"),
+            "groups_s": max(starts_groups) if starts_groups else None,
+            "compute_s": slowest("compute_s"), "comm_intra_s": slowest("comm_intra_s"),
+            "comm_inter_s": slowest("comm_inter_s"),
             "setup_s": max(starts) - result["launched"] if len(starts) == world else None,
             "first_step_s": max(r["time"] for r in first) - result["launched"] if len(first) == world else None,
             "step_s": statistics.median(max(r["wall_s"] for r in group) for s, group in steps.items() if s > 0)
@@ -113,9 +125,16 @@ def cell_figures(cell_dir: Path) -> dict:
             "cell_s": result["seconds"]}
 
 
+def model_columns(cell: dict) -> dict:
+    """The cost model's figures for a cell (api.plan), beside the measured ones."""
+    return {"model step s": cell.get("step_s_predicted"), "model compute s": cell.get("compute_s_predicted"),
+            "model exposed comm s": cell.get("exposed_s_predicted")}
+
+
 def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> list[dict]:
     path = write_experiment(root, ranks, args.steps, args.compute_ms, args.preset)
     out = root / f"out-{launcher}"
+    predicted = {cell["strategy"]: cell for cell in api.plan(path)["cells"]}  # the cost model, shipped calibration
     memory = PeakMemory()
     start = time.perf_counter()
     try:
@@ -136,7 +155,10 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
         rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "backend": args.backend, "launcher": launcher,
                      "strategy": cell_dir.name.split("__")[0], "status": figures["status"],
                      "launch to set up s": figures["setup_s"], "launch to first step s": figures["first_step_s"],
-                     "step s (median)": figures["step_s"],
+                     "step s (median)": figures["step_s"], "groups s (slowest rank)": figures["groups_s"],
+                     "step compute s": figures["compute_s"], "step intra-DC comm s": figures["comm_intra_s"],
+                     "step inter-DC comm s": figures["comm_inter_s"],
+                     **model_columns(predicted.get(cell_dir.name.split("__")[0], {})),
                      "cell s": figures["cell_s"], "used memory rise GiB (run peak)": rise / 2**30,
                      "run wall s (both cells)": wall})
         if figures["status"] != "ok":

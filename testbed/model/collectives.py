@@ -161,7 +161,9 @@ def gloo_all_reduce(sim: Sim, ranks: list[int], nbytes: int, start: float, key: 
 
 
 def gloo_reduce_scatter(sim: Sim, ranks: list[int], nbytes: int, start: float, key: object) -> float:
-    """Reduce-scatter of `nbytes` (the whole input) over a group: the ring's first phase."""
+    """Reduce-scatter of `nbytes` (the whole input) over a group: the ring's first phase. The workload runs it on
+    gloo as one all-to-all exchange and a local sum (testbed.workload.comm.reduce_scatter_into): the same (g-1)/g of
+    the input leaves each rank, in one round instead of g-1; simulated as the ring still."""
     return gloo_ring(sim, ranks, nbytes, start, key, ("rs",))
 
 

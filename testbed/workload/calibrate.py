@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from testbed.workload.comm import reduce_scatter_into
     from testbed.workload.groups import build_groups
     from testbed.workload.layout import layout_from_env
 
@@ -153,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             full = torch.ones(max(g, n - n % g))
             shard = torch.empty(full.numel() // g)
             measure("reduce_scatter", full.numel() * 4,
-                    lambda shard=shard, full=full, g=g: dist.reduce_scatter(shard, list(full.chunk(g)),
-                                                                             group=groups.intra),
+                    lambda shard=shard, full=full: reduce_scatter_into(shard, full, groups.intra),
                     group="intra", ranks=groups.intra_ranks)
             gathered = torch.empty(full.numel())
             measure("all_gather", shard.numel() * 4,

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,8 @@ WIRE_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "reduce_scatter": lambda
 class StepCounters:
     compute_s: float = 0.0
     comm_s: float = 0.0  # time collectives were in flight (may overlap compute)
+    comm_intra_s: float = 0.0  # of comm_s: collectives over one DC's ranks (Comm's, timed where they are called)
+    comm_inter_s: float = 0.0  # of comm_s: collectives whose group spans DCs
     exposed_s: float = 0.0  # time the training thread waited for communication
     bubble_s: float = 0.0  # pipeline: time waiting for activations/gradients
     bytes_intra: float = 0.0
@@ -65,6 +67,11 @@ class Meter:
             elapsed = time.perf_counter() - start
             for name in names:
                 self.add(name, elapsed)
+
+    def comm_timed(self, ranks: list[int]) -> AbstractContextManager[None]:
+        """Time a collective over `ranks` into comm_s and into comm_intra_s or comm_inter_s."""
+        spans = len({self.layout.dc_of(r) for r in ranks}) > 1
+        return self.timed("comm_s", "comm_inter_s" if spans else "comm_intra_s")
 
     def traffic(self, kind: str, nbytes: float, ranks: list[int]) -> None:
         """Account one collective (kind in WIRE_FACTOR) of `nbytes` local input over group `ranks`."""

@@ -59,7 +59,9 @@ def train_in_group(opts: Options, layout) -> list[dict]:
     if opts.inject_delay_ms and device.type == "cuda":
         raise ValueError("--inject-delay-ms is for gloo on loopback; on GPUs shape the links instead")
     overlap = opts.strategy in OVERLAP  # the only strategy with a second communication thread and lanes
+    begun = time.perf_counter()
     groups = build_groups(layout, lanes=opts.lanes if overlap else 1, second_intra=overlap)
+    groups_s = time.perf_counter() - begun  # every rank creates every group: its connects and barriers
     meter = Meter(layout)
     comm = Comm(meter, inject_delay=opts.inject_delay_ms / 1e3)
     synthetic = None
@@ -83,7 +85,7 @@ def train_in_group(opts: Options, layout) -> list[dict]:
                   "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes), "world": layout.world, "strategy": opts.strategy,
                   "options": dataclasses.asdict(opts), "model": dataclasses.asdict(cfg),
                   "parameters": parameter_count(cfg), "corpus_sha256": data.corpus_hash(),
-                  "backend": backend(), "synthetic_s": synthetic, "time": time.time()})
+                  "backend": backend(), "synthetic_s": synthetic, "groups_s": groups_s, "time": time.time()})
     ranges = strategy.sample_ranges()
     count = sum(n for _, n in ranges)
     share = layout.num_dcs if opts.strategy == "pp" else 1  # a pipeline's tokens, counted once
@@ -100,7 +102,8 @@ def train_in_group(opts: Options, layout) -> list[dict]:
         c = meter.reset()
         record = {"event": "step", "step": step, "rank": layout.rank, "dc": layout.dc,
                   "strategy": opts.strategy, "time": time.time(), "wall_s": wall,
-                  "compute_s": c.compute_s, "comm_s": c.comm_s, "exposed_s": c.exposed_s,
+                  "compute_s": c.compute_s, "comm_s": c.comm_s, "comm_intra_s": c.comm_intra_s,
+                  "comm_inter_s": c.comm_inter_s, "exposed_s": c.exposed_s,
                   "bubble_s": c.bubble_s, "bytes_intra": c.bytes_intra, "bytes_inter": c.bytes_inter,
                   "wire_intra": c.wire_intra, "wire_inter": c.wire_inter,
                   "tokens": count * cfg.seq_len / share, **result}

@@ -274,3 +274,31 @@ def test_bad_layout_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "testbed.workload: error: TESTBED_NUM_DCS=3 x TESTBED_NODES_PER_DC=2 does not match WORLD_SIZE=4"]
+
+
+RS_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from testbed.workload.comm import reduce_scatter_into
+rank, world, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+torch.manual_seed(rank)
+flat = torch.randn(world * 1000) * (rank + 1)
+shard = torch.empty(1000)
+reduce_scatter_into(shard, flat, dist.group.WORLD)
+total = flat.clone()
+dist.all_reduce(total)
+print(float((shard - total.chunk(world)[rank]).abs().max()), float(total.chunk(world)[rank].abs().max()))
+dist.destroy_process_group()
+"""
+
+
+def test_the_reduce_scatter_of_gloo_ranks_sums_each_ranks_part_like_an_all_reduce(tmp_path):
+    """hier-dp's intra-DC reduce-scatter on gloo is one all-to-all and a local sum (comm.reduce_scatter_into):
+    each of 4 ranks gets its part of the all-reduced input, to float32 rounding."""
+    world = 4
+    procs = [subprocess.Popen([sys.executable, "-c", RS_SCRIPT, str(rank), str(world), str(tmp_path / "store")],
+                              stdout=subprocess.PIPE, text=True) for rank in range(world)]
+    outputs = [proc.communicate(timeout=120)[0].split() for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), outputs
+    for error, scale in ((float(a), float(b)) for a, b in outputs):
+        assert scale > 1 and error <= 1e-6 * scale, (error, scale)

@@ -307,3 +307,19 @@ def test_calibration_ranks_start_at_the_instant_rank_0_broadcasts(monkeypatch):
     assert low <= margin <= high and low >= 0.03  # 1.5 x at least the 20 ms slept
     margin, low, _ = bracket(Dist(barrier_s=0.2))
     assert margin == low == calibrate.MAX_MARGIN_S < 0.2
+
+
+def test_a_collectives_time_counts_as_intra_or_inter_dc_by_its_group():
+    """comm_s splits into comm_intra_s (a group inside one DC) and comm_inter_s (a group across DCs): the step
+    record's per-phase figures (bench/scale.py's columns)."""
+    from testbed.workload.metrics import Meter
+
+    layout = layout_from_env({"RANK": "1", "WORLD_SIZE": "4", "TESTBED_NUM_DCS": "2", "TESTBED_NODES_PER_DC": "2"})
+    meter = Meter(layout)
+    with meter.comm_timed(layout.dc_ranks(0)):
+        pass
+    with meter.comm_timed([1, 3]):
+        sum(range(10000))
+    step = meter.reset()
+    assert step.comm_intra_s > 0 and step.comm_inter_s > 0
+    assert step.comm_s == step.comm_intra_s + step.comm_inter_s
