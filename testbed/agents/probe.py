@@ -31,17 +31,16 @@ PING = struct.Struct("!QQ")  # sequence, send time in ns
 CHUNK = 256 * 1024
 RT_ENV, RT_PRIORITY = settings.PROBE_RT, 5  # the delay line's worker runs at 10: it must not wait for a probe
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
-BYTES_RECEIVED = 128  # offset of tcpi_bytes_received (u64) in struct tcp_info
 # struct tcp_info (linux/tcp.h), the fields a flow's shortfall is read from, by offset; a kernel older than a
 # field returns a shorter struct and the field is left out.
-TCP_INFO_FIELDS = {"rto_us": (8, "I"), "snd_cwnd": (80, "I"), "total_retrans": (100, "I"), "min_rtt_us": (148, "I"),
-                   "busy_us": (168, "Q"), "rwnd_limited_us": (176, "Q"), "sndbuf_limited_us": (184, "Q"),
-                   "bytes_retrans": (208, "Q")}
+TCP_INFO_FIELDS = {"rto_us": (8, "I"), "snd_cwnd": (80, "I"), "total_retrans": (100, "I"),
+                   "bytes_received": (128, "Q"), "min_rtt_us": (148, "I"), "busy_us": (168, "Q"),
+                   "rwnd_limited_us": (176, "Q"), "sndbuf_limited_us": (184, "Q"), "bytes_retrans": (208, "Q")}
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:
-    """The sender's view of its flow: retransmissions, and how long it was limited by the receiver's window or its
-    own buffer (the kernel's TCP_INFO)."""
+    """A flow's figures from the kernel's TCP_INFO: the sender's retransmissions and how long the receiver's window
+    or its own buffer limited it; the receiver's bytes received in order."""
     raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
     return {name: struct.unpack_from(f"={kind}", raw, offset)[0] for name, (offset, kind) in TCP_INFO_FIELDS.items()
             if offset + struct.calcsize(kind) <= len(raw)}
@@ -62,8 +61,7 @@ def _udp_echo(sock: socket.socket) -> None:
 def _received(conn: socket.socket, read: int) -> int:
     """Bytes the kernel has received in order on `conn` so far (TCP_INFO's bytes_received), or `read`, what the
     sink has read, on a kernel without it (before 4.6)."""
-    raw = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-    return struct.unpack_from("=Q", raw, BYTES_RECEIVED)[0] if len(raw) >= BYTES_RECEIVED + 8 else read
+    return tcp_info(conn).get("bytes_received", read)
 
 
 def _window(marks: list[tuple[float, int, int]], warmup: float) -> tuple[tuple[float, int, int], tuple[float, int, int]]:
