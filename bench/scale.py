@@ -120,8 +120,7 @@ def cell_figures(cell_dir: Path) -> dict:
             "comm_inter_s": slowest("comm_inter_s"),
             "setup_s": max(starts) - result["launched"] if len(starts) == world else None,
             "first_step_s": max(r["time"] for r in first) - result["launched"] if len(first) == world else None,
-            "step_s": statistics.median(max(r["wall_s"] for r in group) for s, group in steps.items() if s > 0)
-            if len(steps) > 1 else None,
+            "step_s": slowest("wall_s"),
             "cell_s": result["seconds"]}
 
 
@@ -152,13 +151,14 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
     rows = []
     for cell_dir in sorted((run_dir / "cells").iterdir()):
         figures = cell_figures(cell_dir)
+        strategy = cell_dir.name.split("__")[0]
         rows.append({"ranks": ranks, "layout": f"{DCS}x{ranks // DCS}", "backend": args.backend, "launcher": launcher,
-                     "strategy": cell_dir.name.split("__")[0], "status": figures["status"],
+                     "strategy": strategy, "status": figures["status"],
                      "launch to set up s": figures["setup_s"], "launch to first step s": figures["first_step_s"],
                      "step s (median)": figures["step_s"], "groups s (slowest rank)": figures["groups_s"],
                      "step compute s": figures["compute_s"], "step intra-DC comm s": figures["comm_intra_s"],
                      "step inter-DC comm s": figures["comm_inter_s"],
-                     **model_columns(predicted.get(cell_dir.name.split("__")[0], {})),
+                     **model_columns(predicted.get(strategy, {})),
                      "cell s": figures["cell_s"], "used memory rise GiB (run peak)": rise / 2**30,
                      "run wall s (both cells)": wall})
         if figures["status"] != "ok":

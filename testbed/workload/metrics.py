@@ -30,7 +30,7 @@ WIRE_FACTOR = {"all_reduce": lambda g: 2 * (g - 1) / g, "reduce_scatter": lambda
 class StepCounters:
     compute_s: float = 0.0
     comm_s: float = 0.0  # time collectives were in flight (may overlap compute)
-    comm_intra_s: float = 0.0  # of comm_s: collectives over one DC's ranks (Comm's, timed where they are called)
+    comm_intra_s: float = 0.0  # of comm_s: collectives over one DC's ranks
     comm_inter_s: float = 0.0  # of comm_s: collectives whose group spans DCs
     exposed_s: float = 0.0  # time the training thread waited for communication
     bubble_s: float = 0.0  # pipeline: time waiting for activations/gradients
@@ -68,22 +68,33 @@ class Meter:
             for name in names:
                 self.add(name, elapsed)
 
+    def spans_dcs(self, ranks: list[int]) -> bool:
+        """Whether a group of `ranks` reaches across DCs."""
+        return len({self.layout.dc_of(r) for r in ranks}) > 1
+
+    def _comm_share(self, ranks: list[int]) -> str:
+        return "comm_inter_s" if self.spans_dcs(ranks) else "comm_intra_s"
+
     def comm_timed(self, ranks: list[int]) -> AbstractContextManager[None]:
         """Time a collective over `ranks` into comm_s and into comm_intra_s or comm_inter_s."""
-        spans = len({self.layout.dc_of(r) for r in ranks}) > 1
-        return self.timed("comm_s", "comm_inter_s" if spans else "comm_intra_s")
+        return self.timed("comm_s", self._comm_share(ranks))
+
+    def add_comm(self, seconds: float, ranks: list[int]) -> None:
+        """`seconds` of communication over `ranks` timed by the caller (a wait on an async collective, a hook):
+        into comm_s and into comm_intra_s or comm_inter_s, as comm_timed."""
+        for name in ("comm_s", self._comm_share(ranks)):
+            self.add(name, seconds)
 
     def traffic(self, kind: str, nbytes: float, ranks: list[int]) -> None:
         """Account one collective (kind in WIRE_FACTOR) of `nbytes` local input over group `ranks`."""
         g = len(ranks)
         if g <= 1:
             return
-        dcs = {self.layout.dc_of(r) for r in ranks}
         successor = ranks[(ranks.index(self.layout.rank) + 1) % g] if self.layout.rank in ranks else ranks[0]
         wire = nbytes * WIRE_FACTOR[kind](g)
         crosses = self.layout.dc_of(successor) != self.layout.dc
         with self._lock:
-            if len(dcs) > 1:
+            if self.spans_dcs(ranks):
                 self.step.bytes_inter += nbytes
             else:
                 self.step.bytes_intra += nbytes

@@ -185,7 +185,7 @@ class StreamingDiLoCo(DiLoCo):
         pseudo-gradient, marked arrived (work None), and is applied when it would have been."""
         for k, (f, begun, work, delta, snapshot) in enumerate(self.in_flight):
             if work is not None:
-                with self.ctx.meter.timed("comm_s"):
+                with self.ctx.meter.comm_timed(self.ctx.groups.inter_ranks):
                     work.wait()
                 self.in_flight[k] = (f, begun, None, delta, snapshot)
 
@@ -228,7 +228,7 @@ class StreamingDiLoCo(DiLoCo):
         f, _, work, delta, snapshot = item
         self.in_flight.remove(item)
         if work is not None:
-            with self.ctx.meter.timed("comm_s"):
+            with self.ctx.meter.comm_timed(self.ctx.groups.inter_ranks):
                 work.wait()
         frag = self.fragments[f]
         progress = [self.params[i].detach() - snapshot[k] for k, i in enumerate(frag)]

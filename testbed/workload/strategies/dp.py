@@ -336,8 +336,8 @@ class HierDPOverlap(DataParallel):
                 for work in works:
                     if work is not None:
                         work.wait()
-                self.ctx.meter.add("comm_s", time.perf_counter() - started)
                 groups = self.ctx.groups
+                self.ctx.meter.add_comm(time.perf_counter() - started, groups.inter_ranks)
                 full = self.ctx.comm.all_gather(torch.cat(pieces), groups.intra_gather, groups.intra_ranks)
                 self.write_gradients(self.buckets[b], full)
             except BaseException as error:

@@ -314,10 +314,10 @@ class MeteredHook:
                 (state.total_numel_after_compression - before) * buffer.element_size()
             self.compressed = self.compressed or not plain
         self.ctx.meter.traffic("all_reduce", nbytes, self.world)
-        meter = self.ctx.meter
+        meter, world = self.ctx.meter, self.world
 
         def done(fut: torch.futures.Future) -> torch.Tensor:
-            meter.add("comm_s", time.perf_counter() - started)
+            meter.add_comm(time.perf_counter() - started, world)
             return fut.value()
 
         return future.then(done)
@@ -496,21 +496,22 @@ class FSDPComms:
             unit.set_all_reduce_hook(self.all_reduced)
 
     def timed(self, kind: str, tensor: torch.Tensor, group, call):
-        self.ctx.meter.traffic(kind, tensor.numel() * tensor.element_size(), dist.get_process_group_ranks(group))
+        ranks = dist.get_process_group_ranks(group)
+        self.ctx.meter.traffic(kind, tensor.numel() * tensor.element_size(), ranks)
         start = time.perf_counter()
         try:
             return call()
         finally:
             self._mark = time.perf_counter()
-            self._blocked(self._mark - start)
+            self._blocked(self._mark - start, ranks)
 
     def all_reduced(self, output: torch.Tensor) -> None:
         """FSDP2 calls this right after HSDP's all-reduce of `output` across the replicas (the DCs)."""
         self.ctx.meter.traffic("all_reduce", output.numel() * output.element_size(), self.replicate)
         now = time.perf_counter()
-        self._blocked(now - self._mark)
+        self._blocked(now - self._mark, self.replicate)
         self._mark = now
 
-    def _blocked(self, seconds: float) -> None:
+    def _blocked(self, seconds: float, ranks: list[int]) -> None:
         self.blocked += seconds
-        self.ctx.meter.add("comm_s", seconds)
+        self.ctx.meter.add_comm(seconds, ranks)
