@@ -40,8 +40,9 @@ from tests.conftest import ROOT, jittered_uniformly, namespaces_with, run_cli
 from tests.support.topologies import pair_topology
 from tests.support.uml.harness import host_realtime, host_share
 
-pytestmark = [pytest.mark.uml, pytest.mark.root, pytest.mark.timeout(1800)]
-WITHOUT_LAB = pytest.mark.uml(boot="without-lab")  # tests that build their own: a second boot, beside the lab's
+# the lab's boot measures round trips and goodput: no other boot beside it (tests/support/uml/plugin.py says why)
+pytestmark = [pytest.mark.uml(alone=True), pytest.mark.root, pytest.mark.timeout(1800)]
+WITHOUT_LAB = pytest.mark.uml(boot="without-lab")  # tests that build their own: a boot of their own
 
 THREE_DC = """
 name: three-netem

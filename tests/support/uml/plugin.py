@@ -4,9 +4,12 @@ On the host, the tests of one module with the same options share one boot of UML
 (`@pytest.mark.uml(modules=..., deny=...)` give the boot's modules; `boot="name"` puts tests of a module in a
 boot of their own, e.g. those that do not need its module-scoped testbed); each outer test then reports its own
 inner outcome, with the inner failure text and what the host did during the boot (CPU stolen, the busiest
-processes: timing failures inside UML follow the host's load). UML runs on one CPU: the first `uml` test
-reached starts every boot of the session, as many at once as the host has CPUs (the boots with most tests
-first), and each outer test waits for its own. Inside UML the tests run as written. `on_host=True` marks a test
+processes, the boots beside it: timing failures inside UML follow the host's load). UML runs on one CPU: the
+first `uml` test reached starts every boot of the session, as many at once as the host has CPUs (the boots with
+most tests first), and each outer test waits for its own. A boot that measures timing
+(`@pytest.mark.uml(alone=True)`) runs with no other boot beside it: beside two busy host processes, the netem
+module's goodput bound failed 2 of 4 runs with a second boot beside the lab's, and held 3 of 3 alone
+(docs/development/tests.md, "How steady the netem tests are"). Inside UML the tests run as written. `on_host=True` marks a test
 that needs UML but boots it itself (tests/suite/test_uml_stopped.py): it runs on the host, once the boots are over.
 
 From the first boot on, SIGTERM and SIGHUP end the session as Ctrl-C does: its boots are killed and their labs
@@ -23,7 +26,9 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,6 +49,10 @@ class InnerOutcome:
 
 
 _batches: dict[tuple, Future[dict[str, InnerOutcome]]] = {}
+_running: set[str] = set()  # the boots running now
+_alone: set[str] = set()  # those of them that run alone
+_spans: list[tuple[str, float, float]] = []  # (boot, start, end) of the boots that have ended, time.monotonic()
+_gate = threading.Condition()  # guards the three: a boot running alone waits for none, others for none alone
 _cancel = threading.Event()  # set when the session ends: boots still running are killed
 _pool: ThreadPoolExecutor | None = None
 
@@ -59,7 +68,40 @@ def _boot_options(item: pytest.Item) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _key(item: pytest.Item) -> tuple:
     marker = item.get_closest_marker("uml")
     assert marker is not None
-    return (str(item.path), *_boot_options(item), marker.kwargs.get("boot", ""))
+    return (str(item.path), *_boot_options(item), marker.kwargs.get("boot", ""), bool(marker.kwargs.get("alone")))
+
+
+def _boot_name(key: tuple) -> str:
+    """A boot as the failure text names it: its test file, and its boot name or options where it has them."""
+    path, modules, deny, boot, _ = key
+    extra = boot or (f"deny={','.join(deny)}" if deny else "" if modules == harness.DEFAULT_MODULES
+                     else f"modules={','.join(modules) or '-'}")
+    return Path(path).name + (f"[{extra}]" if extra else "")
+
+
+@contextmanager
+def _turn(name: str, alone: bool) -> Iterator[None]:
+    """Hold a boot's turn on the host: a boot running alone waits until none runs, and no other starts beside it
+    until it ends."""
+    with _gate:
+        _gate.wait_for(lambda: _cancel.is_set() or (not _running if alone else not _alone))
+        _running.add(name)
+        if alone:
+            _alone.add(name)
+    try:
+        yield
+    finally:
+        with _gate:
+            _running.discard(name)
+            _alone.discard(name)
+            _gate.notify_all()
+
+
+def _beside(name: str, start: float) -> str:
+    """The boots that ran beside `name` since `start` (those running now and those that ended since)."""
+    with _gate:
+        names = {other for other, _, end in _spans if end > start} | _running
+    return ", ".join(sorted(names - {name})) or "none"
 
 
 def _on_host(item: pytest.Item) -> bool:
@@ -77,8 +119,8 @@ def _start_boots(session: pytest.Session) -> None:
     harness.interrupt_on_termination()
     _pool = ThreadPoolExecutor(max_workers=max(1, min(len(groups), os.cpu_count() or 1)),
                                thread_name_prefix="uml-boot")
-    for key, items in sorted(groups.items(), key=lambda group: -len(group[1])):
-        _batches[key] = _pool.submit(_run_batch, items, *_boot_options(items[0]))
+    for key, items in sorted(groups.items(), key=lambda group: (not group[0][-1], -len(group[1]))):
+        _batches[key] = _pool.submit(_run_batch, items, key)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -130,6 +172,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """A session that ends early (-x, Ctrl-C) kills the boots still running and drops those not started."""
     if _pool is not None:
         _cancel.set()
+        with _gate:
+            _gate.notify_all()
         _pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -152,9 +196,10 @@ def _processes() -> dict[int, tuple[str, int]]:
     return out
 
 
-def _host_during(before: tuple, after: tuple, seconds: float) -> str:
-    """One line on what the host did while a boot ran: CPU stolen by the hypervisor, and the processes that
-    used most CPU (another UML boot beside this one is expected; anything else is a lead for a timing failure)."""
+def _host_during(before: tuple, after: tuple, seconds: float, beside: str) -> str:
+    """One line on what the host did while a boot ran: CPU stolen by the hypervisor, the processes that used most
+    CPU and the boots beside it (another UML boot beside this one is expected unless it runs alone; anything else
+    is a lead for a timing failure)."""
     (cpu0, procs0), (cpu1, procs1) = before, after
     steal = f"{(cpu1[1] - cpu0[1]) / max(1, cpu1[0] - cpu0[0]):.1%}" if cpu0 and cpu1 else "unknown"
     ticks = os.sysconf("SC_CLK_TCK")
@@ -162,31 +207,43 @@ def _host_during(before: tuple, after: tuple, seconds: float) -> str:
                   reverse=True)[:6]
     busiest = ", ".join(f"{name}[{pid}] {t / ticks:.1f} s" for t, name, pid in used if t >= ticks / 10)
     return (f"host during this boot ({seconds:.0f} s, {os.cpu_count()} CPUs): steal {steal}, load "
-            f"{os.getloadavg()[0]:.1f}; busiest: {busiest}")
+            f"{os.getloadavg()[0]:.1f}; busiest: {busiest}; other boots beside it: {beside}")
 
 
 def _snapshot() -> tuple:
     return cpu_times(PROC_STAT.read_text()), _processes()
 
 
-def _run_batch(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[str, ...]) -> dict[str, InnerOutcome]:
-    before, start = _snapshot(), time.monotonic()
-    with reaper.lab("junit-") as lab:
-        junit = lab / "junit.xml"
-        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={junit}",
-                "-o", "junit_family=xunit1", "-o", "junit_logging=system-out", *[item.nodeid for item in items]]
-        result = harness.run(argv, cwd=ROOT, timeout=BATCH_TIMEOUT, modules=modules, deny=deny,
-                             env={"COLUMNS": "160"}, cancel=_cancel)
-        outcomes = _parse(junit) if junit.exists() else {}
-    host = _host_during(before, _snapshot(), time.monotonic() - start)
-    outcomes = {name: outcome if outcome.status == "passed" else replace(outcome, text=f"{outcome.text}\n{host}")
-                for name, outcome in outcomes.items()}
+def _run_batch(items: list[pytest.Item], key: tuple) -> dict[str, InnerOutcome]:
+    _, modules, deny, _, alone = key
+    name = _boot_name(key)
+    with _turn(name, alone):
+        if _cancel.is_set():
+            return {}
+        before, start = _snapshot(), time.monotonic()
+        result, outcomes = _boot(items, modules, deny)
+        host = _host_during(before, _snapshot(), time.monotonic() - start, _beside(name, start))
+        with _gate:
+            _spans.append((name, start, time.monotonic()))
+    outcomes = {test: outcome if outcome.status == "passed" else replace(outcome, text=f"{outcome.text}\n{host}")
+                for test, outcome in outcomes.items()}
     tail = "\n".join(result.output.strip().splitlines()[-60:])
     for item in items:
         outcomes.setdefault(_inner_id(item), InnerOutcome(
             "missing", f"user-mode Linux run ended with status {result.returncode} after {result.seconds:.0f}s "
                        f"without reporting this test; its output ends:\n{tail}\n{host}"))
     return outcomes
+
+
+def _boot(items: list[pytest.Item], modules: tuple[str, ...], deny: tuple[str, ...]) -> tuple:
+    """One boot of UML running `items` in an inner pytest: (harness.Result, outcomes by inner test id)."""
+    with reaper.lab("junit-") as lab:
+        junit = lab / "junit.xml"
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", f"--junitxml={junit}",
+                "-o", "junit_family=xunit1", "-o", "junit_logging=system-out", *[item.nodeid for item in items]]
+        result = harness.run(argv, cwd=ROOT, timeout=BATCH_TIMEOUT, modules=modules, deny=deny,
+                             env={"COLUMNS": "160"}, cancel=_cancel)
+        return result, _parse(junit) if junit.exists() else {}
 
 
 def _parse(path: Path) -> dict[str, InnerOutcome]:
