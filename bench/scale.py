@@ -127,7 +127,9 @@ def cell_figures(cell_dir: Path) -> dict:
 def model_columns(cell: dict) -> dict:
     """The cost model's figures for a cell (api.plan), beside the measured ones."""
     return {"model step s": cell.get("step_s_predicted"), "model compute s": cell.get("compute_s_predicted"),
-            "model exposed comm s": cell.get("exposed_s_predicted")}
+            "model exposed comm s": cell.get("exposed_s_predicted"),
+            "model intra-DC comm s": cell.get("comm_intra_s_predicted"),
+            "model inter-DC comm s": cell.get("comm_inter_s_predicted")}
 
 
 def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> list[dict]:

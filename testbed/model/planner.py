@@ -94,6 +94,7 @@ def cell_record(p: CellPrediction) -> dict[str, Any]:
     return {"cell": p.cell, "strategy": p.strategy, "baseline": p.baseline, "sweep": p.sweep,
             "step_s_predicted": pred.step_s, "tokens_per_s_predicted": pred.tokens_per_s,
             "compute_s_predicted": pred.compute_s, "exposed_s_predicted": pred.exposed_s,
+            "comm_intra_s_predicted": pred.comm_intra_s, "comm_inter_s_predicted": pred.comm_inter_s,
             "bubble_ratio_predicted": pred.bubble_ratio, "inter_dc_bytes_predicted": p.kernel_bytes_per_step,
             "link_bytes_predicted": p.kernel_link_bytes, "explain": pred.explain}
 

@@ -102,11 +102,28 @@ def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(p, m):
     assert prediction.bubble_ratio < (p - 1) / (m + p - 1)
 
 
-def predicted(strategy: str, latency: float = 0.02, compute_s: float = 0.05, **options):
+def predicted(strategy: str, latency: float = 0.02, compute_s: float = 0.05, transport: Transport = IDEAL,
+              **options):
     _, net = two_dc(2, latency, 1e9)
     opts = Options(**{"strategy": strategy, "steps": 3, "preset": "small", "micro_batch": 8, "micro_batches": 2,
                       **options})
-    return PREDICTORS[strategy](CellModel(opts, net, IDEAL, compute_s, warmup_steps=1))
+    return PREDICTORS[strategy](CellModel(opts, net, transport, compute_s, warmup_steps=1))
+
+
+@pytest.mark.parametrize("latency", [0.0, 0.02])
+def test_blocking_dp_splits_its_communication_into_inside_and_across_dcs_as_the_workload_records_it(latency):
+    """flat-dp's world group spans the DCs: all of its communication is inter-DC (the workload's comm_inter_s);
+    hier-dp's reduce-scatter and all-gather are intra-DC and only the shard's all-reduce crosses: the two add up
+    to the exposed time, and only the inter-DC part grows with the link's latency."""
+    local = dataclasses.replace(IDEAL, local_bandwidth=1e9)  # copies inside a DC take time
+    flat, hier = predicted("flat-dp", latency, transport=local), predicted("hier-dp", latency, transport=local)
+    assert (flat.comm_intra_s, flat.comm_inter_s) == (0.0, flat.exposed_s)
+    assert hier.comm_intra_s > 0 and hier.comm_inter_s > 0
+    assert hier.comm_intra_s + hier.comm_inter_s == pytest.approx(hier.exposed_s)
+    near = predicted("hier-dp", latency + 0.01, transport=local)
+    assert near.comm_intra_s == pytest.approx(hier.comm_intra_s)
+    assert near.comm_inter_s > hier.comm_inter_s + 0.01
+    assert predicted("diloco").comm_inter_s is None  # not predicted: said so, not 0
 
 
 def test_pytorchs_strategies_move_the_bytes_of_ours_that_do_the_same():

@@ -54,6 +54,8 @@ class Prediction:
     wire_share: dict[str, float] = field(default_factory=dict)  # per direction: headers of the TSO units the sends
     # were cut into beyond each message's first, per payload byte (Sim.wire_share)
     explain: str = ""
+    comm_intra_s: float | None = None  # per step: in collectives inside one DC (the workload's comm_intra_s);
+    comm_inter_s: float | None = None  # in collectives whose group spans DCs (comm_inter_s); None: not predicted
 
     @property
     def tokens_per_s(self) -> float:

@@ -37,7 +37,9 @@ def flat_dp(m: CellModel) -> Prediction:
         clock = end
         walls.append(clock - begin)
     exposed = _measured(m, comms)
+    apart = len(net.sizes) > 1  # the world group spans DCs: the workload counts its collectives as inter-DC
     return Prediction("flat-dp", _measured(m, walls), compute, exposed,
+                      comm_intra_s=0.0 if apart else exposed, comm_inter_s=exposed if apart else 0.0,
                       tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"exposed communication is the ring all-reduce of {4 * numel / 1e6:.2f} MB over all "
                               f"{net.world} ranks: {exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}",
@@ -45,9 +47,9 @@ def flat_dp(m: CellModel) -> Prediction:
 
 
 def _hier_sync(sim: Sim, numel: int, codec: str, start: float, key: object, flows_extra: int = 1
-               ) -> tuple[float, float, dict[str, float]]:
+               ) -> tuple[float, float, float, dict[str, float]]:
     """Reduce-scatter in every DC, all-reduce of the shard across DCs (every inter group at once), all-gather:
-    (end, end of the inter-DC part, payload bytes per direction)."""
+    (end, end and start of the inter-DC part, payload bytes per direction)."""
     net = sim.network
     n = min(net.sizes)
     padded = shapes.padded(numel, n)
@@ -57,7 +59,7 @@ def _hier_sync(sim: Sim, numel: int, codec: str, start: float, key: object, flow
     t2, link = _inter_reduce(sim, group, padded // n, codec, t1, (key, "inter"), flows=n * flows_extra)
     link = _scaled(link, n)
     t3 = gloo_all_gather(sim, dc, 4 * padded // n, t2, (key, "ag")) if n > 1 else t2
-    return t3, t2, link
+    return t3, t2, t1, link
 
 
 def hier_dp(m: CellModel) -> Prediction:
@@ -65,18 +67,19 @@ def hier_dp(m: CellModel) -> Prediction:
     sim = Sim(net, m.transport)
     numel = shapes.parameter_count(shapes.config(opts))
     compute = m.compute_s * opts.micro_batches
-    clock, walls, comms, link = 0.0, [], [], {}
+    clock, walls, comms, inters, link = 0.0, [], [], [], {}
     for _step in range(opts.steps):
         begin = clock
         clock += compute
-        end, _, link = _hier_sync(sim, numel, opts.compression, clock, "hier")
+        end, inter_end, inter_start, link = _hier_sync(sim, numel, opts.compression, clock, "hier")
         comms.append(end - clock)
+        inters.append(inter_end - inter_start)
         clock = end
         walls.append(clock - begin)
-    exposed = _measured(m, comms)
+    exposed, inter = _measured(m, comms), _measured(m, inters)
     n = min(net.sizes)
-    return Prediction("hier-dp", _measured(m, walls), compute, exposed,
-                      tokens_per_step=_tokens(m), link_bytes=link,
+    return Prediction("hier-dp", _measured(m, walls), compute, exposed, comm_intra_s=exposed - inter,
+                      comm_inter_s=inter, tokens_per_step=_tokens(m), link_bytes=link,
                       explain=f"exposed communication is the reduce-scatter in the DC, the all-reduce of a "
                               f"{4 * numel / n / 1e6:.2f} MB shard across DCs ({n} groups at once) and the all-gather: "
                               f"{exposed * 1e3:.0f} ms per step{_round_trips(net, exposed)}",
