@@ -1,18 +1,19 @@
 """tests/support/uml/harness.py's choices made before a boot (no UML): where the kernel keeps its memory, what it
-binds back over its tmpfs mounts, which labs of killed runs the sweep removes (tests/support/uml/reaper.py), and how the host
-answers a guest's ask for real-time."""
+binds back over its tmpfs mounts, which labs of killed runs the sweep removes (tests/support/uml/reaper.py), how the host
+answers a guest's ask for real-time, and which boots the plugin lets run at once."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.uml import harness, reaper
+from tests.support.uml import harness, plugin, reaper
 
 
 def test_uml_keeps_its_memory_in_dev_shm_where_it_can_and_on_disk_where_it_cannot(tmp_path, monkeypatch):
@@ -52,6 +53,47 @@ def test_the_sweep_removes_the_labs_of_owners_gone_and_keeps_the_others(tmp_path
     os.utime(labs["unowned-old"], (old, old))
     assert reaper.sweep(tmp_path) == [labs["dead"], labs["unowned-old"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == [labs["alive"].name, labs["unowned-young"].name]
+
+
+def test_a_boot_that_runs_alone_waits_for_the_others_and_holds_back_those_after_it():
+    """Boot a runs; then the lab's boot (alone=True) asks for its turn, then b: the lab starts only when a has
+    ended, and b, which asked while the lab waited, only when the lab has ended."""
+    events: list[str] = []
+    release = {name: threading.Event() for name in ("a", "lab", "b")}
+
+    def boot(name: str, alone: bool) -> None:
+        with plugin._turn(name, alone):
+            events.append(f"{name} starts")
+            release[name].wait(10)
+            events.append(f"{name} ends")
+
+    threads = {"a": threading.Thread(target=boot, args=("a", False))}
+    threads["a"].start()
+    _until(lambda: events == ["a starts"])
+    threads["lab"] = threading.Thread(target=boot, args=("lab", True))
+    threads["lab"].start()
+    _until(lambda: plugin._waiting_alone == 1)
+    threads["b"] = threading.Thread(target=boot, args=("b", False))
+    threads["b"].start()
+    time.sleep(0.2)
+    assert events == ["a starts"]  # neither the lab beside a, nor b before the lab
+    release["a"].set()
+    _until(lambda: events[-1] == "lab starts")
+    time.sleep(0.2)
+    assert events == ["a starts", "a ends", "lab starts"]
+    release["lab"].set()
+    release["b"].set()
+    for thread in threads.values():
+        thread.join(10)
+    assert events == ["a starts", "a ends", "lab starts", "lab ends", "b starts", "b ends"]
+    assert not plugin._running and not plugin._alone and plugin._waiting_alone == 0
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 @pytest.mark.root  # SCHED_RR needs CAP_SYS_NICE

@@ -51,6 +51,7 @@ class InnerOutcome:
 _batches: dict[tuple, Future[dict[str, InnerOutcome]]] = {}
 _running: set[str] = set()  # the boots running now
 _alone: set[str] = set()  # those of them that run alone
+_waiting_alone = 0  # boots that run alone waiting for their turn: no other boot starts before them
 _spans: list[tuple[str, float, float]] = []  # (boot, start, end) of the boots that have ended, time.monotonic()
 _gate = threading.Condition()  # guards the three: a boot running alone waits for none, others for none alone
 _cancel = threading.Event()  # set when the session ends: boots still running are killed
@@ -82,9 +83,14 @@ def _boot_name(key: tuple) -> str:
 @contextmanager
 def _turn(name: str, alone: bool) -> Iterator[None]:
     """Hold a boot's turn on the host: a boot running alone waits until none runs, and no other starts beside it
-    until it ends."""
+    or before it (once it waits) until it ends."""
+    global _waiting_alone
     with _gate:
-        _gate.wait_for(lambda: _cancel.is_set() or (not _running if alone else not _alone))
+        _waiting_alone += alone
+        try:
+            _gate.wait_for(lambda: _cancel.is_set() or (not _running if alone else not _alone and not _waiting_alone))
+        finally:
+            _waiting_alone -= alone
         _running.add(name)
         if alone:
             _alone.add(name)
