@@ -14,8 +14,9 @@ and other sessions' tests running (load 5-12, 2026-11-28), p50 minus own route m
 and for the live-shaped 50 ms: real-time, eight runs, -0.38..+0.24 ms and -0.16..+0.24 ms; without it
 (TESTBED_UML_RT=0, one run), up to +1.10 ms (west->east) and +1.22 ms. UML's own round trips on the routes:
 0.30-0.87 ms. How steady the module is, run after run, quiet and beside two busy loops: docs/development/tests.md
-("How steady the netem tests are", 2026-11-28: quiet 10 of 10; beside two busy loops 2 of 4, the goodput bound
-failing with UML carrying 19-39 % under the rate; run 21: no retransmission).
+("How steady the netem tests are", 2026-11-28). With a second UML boot beside the lab's, beside two busy loops 2 runs
+of 4 failed the goodput bound (UML carried 19-39 % under the rate, no retransmission); so the lab's boot runs alone
+(uml(alone=True)): then 5 of 5 beside two busy loops (lowest goodput ratio 0.979), then 5 of 5 quiet.
 """
 
 from __future__ import annotations
