@@ -7,10 +7,11 @@ inner outcome, with the inner failure text and what the host did during the boot
 processes, the boots beside it: timing failures inside UML follow the host's load). UML runs on one CPU: the
 first `uml` test reached starts every boot of the session, as many at once as the host has CPUs (the boots with
 most tests first), and each outer test waits for its own. A boot that measures timing
-(`@pytest.mark.uml(alone=True)`) runs with no other boot beside it: beside two busy host processes, the netem
-module's goodput bound failed 2 of 4 runs with a second boot beside the lab's, and held 3 of 3 alone
-(docs/development/tests.md, "How steady the netem tests are"). Inside UML the tests run as written. `on_host=True` marks a test
-that needs UML but boots it itself (tests/suite/test_uml_stopped.py): it runs on the host, once the boots are over.
+(`@pytest.mark.uml(alone=True)`) runs with no other boot beside it: beside two busy host processes the netem
+module's goodput bound failed 2 runs of 4 with a second boot beside the lab's, and held 5 of 5 with the lab's boot
+alone (docs/development/tests.md, "How steady the netem tests are"). Inside UML the tests run as written.
+`on_host=True` marks a test that needs UML but boots it itself (tests/suite/test_uml_stopped.py): it runs on the
+host, once the boots are over.
 
 From the first boot on, SIGTERM and SIGHUP end the session as Ctrl-C does: its boots are killed and their labs
 removed (tests/support/uml/reaper.py covers SIGKILL).
