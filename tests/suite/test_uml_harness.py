@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.waiting import wait_for
 from tests.support.uml import harness, plugin, reaper
 
 
@@ -69,16 +70,16 @@ def test_a_boot_that_runs_alone_waits_for_the_others_and_holds_back_those_after_
 
     threads = {"a": threading.Thread(target=boot, args=("a", False))}
     threads["a"].start()
-    _until(lambda: events == ["a starts"])
+    assert wait_for(lambda: events == ["a starts"], 10)
     threads["lab"] = threading.Thread(target=boot, args=("lab", True))
     threads["lab"].start()
-    _until(lambda: plugin._waiting_alone == 1)
+    assert wait_for(lambda: plugin._waiting_alone == 1, 10)
     threads["b"] = threading.Thread(target=boot, args=("b", False))
     threads["b"].start()
     time.sleep(0.2)
     assert events == ["a starts"]  # neither the lab beside a, nor b before the lab
     release["a"].set()
-    _until(lambda: events[-1] == "lab starts")
+    assert wait_for(lambda: events[-1] == "lab starts", 10)
     time.sleep(0.2)
     assert events == ["a starts", "a ends", "lab starts"]
     release["lab"].set()
@@ -86,14 +87,7 @@ def test_a_boot_that_runs_alone_waits_for_the_others_and_holds_back_those_after_
     for thread in threads.values():
         thread.join(10)
     assert events == ["a starts", "a ends", "lab starts", "lab ends", "b starts", "b ends"]
-    assert not plugin._running and not plugin._alone and plugin._waiting_alone == 0
-
-
-def _until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+    assert not plugin._running and plugin._waiting_alone == 0
 
 
 @pytest.mark.root  # SCHED_RR needs CAP_SYS_NICE

@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -49,9 +50,8 @@ class InnerOutcome:
     stdout: str = ""  # what the test printed (a passed test's record: `-rP` and the junit XML show it)
 
 
-_batches: dict[tuple, Future[dict[str, InnerOutcome]]] = {}
-_running: set[str] = set()  # the boots running now
-_alone: set[str] = set()  # those of them that run alone
+_batches: dict[BootKey, Future[dict[str, InnerOutcome]]] = {}
+_running: dict[str, bool] = {}  # the boots running now -> whether each runs alone
 _waiting_alone = 0  # boots that run alone waiting for their turn: no other boot starts before them
 _spans: list[tuple[str, float, float]] = []  # (boot, start, end) of the boots that have ended, time.monotonic()
 _gate = threading.Condition()  # guards the three: a boot running alone waits for none, others for none alone
@@ -67,18 +67,28 @@ def _boot_options(item: pytest.Item) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return modules, deny
 
 
-def _key(item: pytest.Item) -> tuple:
+class BootKey(NamedTuple):
+    """What puts tests in one boot: their file, the boot's modules and options, and whether it runs alone."""
+
+    path: str
+    modules: tuple[str, ...]
+    deny: tuple[str, ...]
+    boot: str
+    alone: bool
+
+    @property
+    def name(self) -> str:
+        """The boot as a failure text names it: its test file, and its boot name or options where it has them."""
+        extra = self.boot or (f"deny={','.join(self.deny)}" if self.deny else ""
+                              if self.modules == harness.DEFAULT_MODULES else f"modules={','.join(self.modules) or '-'}")
+        return Path(self.path).name + (f"[{extra}]" if extra else "")
+
+
+def _key(item: pytest.Item) -> BootKey:
     marker = item.get_closest_marker("uml")
     assert marker is not None
-    return (str(item.path), *_boot_options(item), marker.kwargs.get("boot", ""), bool(marker.kwargs.get("alone")))
-
-
-def _boot_name(key: tuple) -> str:
-    """A boot as the failure text names it: its test file, and its boot name or options where it has them."""
-    path, modules, deny, boot, _ = key
-    extra = boot or (f"deny={','.join(deny)}" if deny else "" if modules == harness.DEFAULT_MODULES
-                     else f"modules={','.join(modules) or '-'}")
-    return Path(path).name + (f"[{extra}]" if extra else "")
+    return BootKey(str(item.path), *_boot_options(item), marker.kwargs.get("boot", ""),
+                   bool(marker.kwargs.get("alone")))
 
 
 @contextmanager
@@ -89,25 +99,23 @@ def _turn(name: str, alone: bool) -> Iterator[None]:
     with _gate:
         _waiting_alone += alone
         try:
-            _gate.wait_for(lambda: _cancel.is_set() or (not _running if alone else not _alone and not _waiting_alone))
+            _gate.wait_for(lambda: _cancel.is_set() or (not _running if alone else
+                                                         not any(_running.values()) and not _waiting_alone))
         finally:
             _waiting_alone -= alone
-        _running.add(name)
-        if alone:
-            _alone.add(name)
+        _running[name] = alone
     try:
         yield
     finally:
         with _gate:
-            _running.discard(name)
-            _alone.discard(name)
+            _running.pop(name, None)
             _gate.notify_all()
 
 
 def _beside(name: str, start: float) -> str:
     """The boots that ran beside `name` since `start` (those running now and those that ended since)."""
     with _gate:
-        names = {other for other, _, end in _spans if end > start} | _running
+        names = {other for other, _, end in _spans if end > start} | _running.keys()
     return ", ".join(sorted(names - {name})) or "none"
 
 
@@ -119,14 +127,14 @@ def _on_host(item: pytest.Item) -> bool:
 def _start_boots(session: pytest.Session) -> None:
     """Every boot of the session's `uml` tests, queued at once: one per host CPU at a time, most tests first."""
     global _pool
-    groups: dict[tuple, list[pytest.Item]] = {}
+    groups: dict[BootKey, list[pytest.Item]] = {}
     for item in session.items:
         if item.get_closest_marker("uml") and not _on_host(item):
             groups.setdefault(_key(item), []).append(item)
     harness.interrupt_on_termination()
     _pool = ThreadPoolExecutor(max_workers=max(1, min(len(groups), os.cpu_count() or 1)),
                                thread_name_prefix="uml-boot")
-    for key, items in sorted(groups.items(), key=lambda group: (not group[0][-1], -len(group[1]))):
+    for key, items in sorted(groups.items(), key=lambda group: (not group[0].alone, -len(group[1]))):
         _batches[key] = _pool.submit(_run_batch, items, key)
 
 
@@ -221,14 +229,13 @@ def _snapshot() -> tuple:
     return cpu_times(PROC_STAT.read_text()), _processes()
 
 
-def _run_batch(items: list[pytest.Item], key: tuple) -> dict[str, InnerOutcome]:
-    _, modules, deny, _, alone = key
-    name = _boot_name(key)
-    with _turn(name, alone):
+def _run_batch(items: list[pytest.Item], key: BootKey) -> dict[str, InnerOutcome]:
+    name = key.name
+    with _turn(name, key.alone):
         if _cancel.is_set():
             return {}
         before, start = _snapshot(), time.monotonic()
-        result, outcomes = _boot(items, modules, deny)
+        result, outcomes = _boot(items, key.modules, key.deny)
         host = _host_during(before, _snapshot(), time.monotonic() - start, _beside(name, start))
         with _gate:
             _spans.append((name, start, time.monotonic()))
