@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,12 +52,13 @@ from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.fabric.netns.kernel import has_netem
 from testbed.fabric.state import state_dir
 from testbed.runner.fidelity import DEFINITION, pair_floor_ms, round_trip
-from testbed.runner.probe import PAYLOAD_PER_FRAME
+from testbed.runner.probe import PAYLOAD_PER_FRAME, floors_beside, median_ms
 from testbed.spec import units
 from testbed.spec.topology import topology_from_data
 
 PREFIX = "tb-fid-"
 PORT = 5201
+DCS = ("east", "west")  # the two DCs of the benchmark's topology
 TICKS = os.sysconf("SC_CLK_TCK")
 VARIANTS = {  # the delay line as it was before a change, beside it in the same run: the switch that undoes it
     "uncompensated": {"TESTBED_DELAY_LINE_COMPENSATE": "0"},  # aims at the due time itself
@@ -127,11 +127,8 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
         server.stdout.readline()
         east.stdout.readline()
         ping_args = ["rtt", dst, "--port", str(PORT), "--count", str(pings), "--interval", "0.005"]
-        floors = [statistics.median(run_json(testbed, f"{dc}-1", ["rtt", testbed.plan.node(f"{dc}-0").address,
-                                                                  "--port", str(PORT), "--count", str(pings),
-                                                                  "--interval", "0.005"], 120)["rtts"]) * 1e3
-                  for dc in ("east", "west")]
-        idle = run_json(testbed, "east-0", ping_args, 120)["rtts"]
+        with floors_beside(testbed.fabric, testbed.plan, topology, DCS, pings=pings, interval=0.005) as floors:
+            idle = run_json(testbed, "east-0", ping_args, 120)["rtts"]
         flow = run_json(testbed, "east-0", ["send", dst, "--port", str(PORT), "--seconds", str(seconds)], 120)
         gateway = testbed.plan.delay_line_of("east->west")
         status = delay_lines.read_status(state_dir(), gateway) if gateway else None
@@ -142,7 +139,9 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
         time.sleep(1.0)
         cpu0, t0 = (cpu_seconds(worker), time.monotonic()) if worker else (float("nan"), time.monotonic())
         busy0, late0 = busy_seconds()[0], testbed.fabric.delay_line_stats()
-        loaded = run_json(testbed, "east-0", ping_args, 120)["rtts"]
+        with floors_beside(testbed.fabric, testbed.plan, topology, DCS, pings=pings,
+                           interval=0.005) as floors_loaded:
+            loaded = run_json(testbed, "east-0", ping_args, 120)["rtts"]
         late1 = testbed.fabric.delay_line_stats()
         late = lateness_summary(lateness_delta(late0.get("east->west", {}), late1["east->west"])) \
             if "east->west" in late1 else {"p99_ms": float("nan")}
@@ -157,9 +156,10 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
             proc.wait()
         tear_down(PREFIX)
 
-    floor = pair_floor_ms(*floors)
+    floor = pair_floor_ms(*(median_ms(floors[dc]) for dc in DCS))
     idle_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in idle])
-    loaded_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in loaded])
+    loaded_trip = round_trip(rtt * 1e3, pair_floor_ms(*(median_ms(floors_loaded[dc]) for dc in DCS)),
+                             [value * 1e3 for value in loaded])
     expected = rate_bps * PAYLOAD_PER_FRAME
     return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate, "floor ms": floor,
             "idle p50 err ms": idle_trip.error_ms, "idle p99 err ms": idle_trip.p99_ms - idle_trip.expected_ms,

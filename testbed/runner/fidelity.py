@@ -1,9 +1,12 @@
 """What "a link's round trip is right" means, once, for `testbed probe` and bench/link_fidelity.py alike.
 
 A DC pair's round trip is held against the round trip its links apply plus the unshaped round trip of the path:
-each DC's own round trip (node to node inside it, measured beside the pairs with the same pinger) is what the
-machine takes to carry a packet with no link in the way, and a pair's floor is the mean of its two DCs' (the
-round trip crosses each DC's access path once each way). The error is the measured median less that.
+each DC's own round trip (node to node inside it, with the same pinger) is what the machine takes to carry a
+packet with no link in the way, and a pair's floor is the mean of its two DCs' (the round trip crosses each DC's
+access path once each way). The floors are measured at the same time as the pair's pings, by pingers of their own
+(testbed.runner.probe.floors_beside): what the machine takes moves with its load (a vCPU that idles wakes up
+slower than a busy one), and a floor measured a few seconds earlier missed that by up to 0.2 ms here (CHANGELOG,
+2026-11-29). The error is the measured median less that.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 DEFINITION = ("error = measured RTT median - (applied RTT + floor); floor = the mean of the two DCs' own unshaped "
-              "round trips (node to node inside each DC, same pinger, same run)")
+              "round trips (node to node inside each DC, same pinger, measured at the same time as the pair's pings)")
 
 
 @dataclass(frozen=True)

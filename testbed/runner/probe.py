@@ -4,9 +4,10 @@ Goodput is compared with what the configured rate can carry as TCP payload at MT
 frame on the veth carries 1448 bytes of payload (TCP with timestamps), so 95.6 % of the shaped rate.
 RTT is compared with what is *applied* (the configured latency of every link end on the round trip that a running
 mechanism delays: netem, or a live userspace delay line; the rest is reported as not applied) plus the pair's
-floor, each DC's own unshaped round trip measured beside the pairs (testbed.runner.fidelity: the one definition,
-which bench/link_fidelity.py prints too). Where a userspace delay line serves the round trip, its own figures come
-along: what it still adds (residual) and the links whose delay is below what it can compensate.
+floor, its two DCs' own unshaped round trips measured at the same time as the pair's pings, by pingers of their
+own (testbed.runner.fidelity: the one definition, which bench/link_fidelity.py prints too). Where a userspace
+delay line serves the round trip, its own figures come along: what it still adds (residual) and the links whose
+delay is below what it can compensate.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from testbed.agents import probe as agent
@@ -27,7 +28,7 @@ from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
 from testbed.plan.network import LinkEnd, NetworkPlan, direction_key
 from testbed.plan.routing import shortest_paths
-from testbed.runner.fidelity import below_compensation, pair_floor_ms, percentile, round_trip
+from testbed.runner.fidelity import below_compensation, pair_floor_ms, round_trip
 from testbed.spec.topology import Topology
 
 PAYLOAD_PER_FRAME = 1448 / 1514
@@ -61,18 +62,6 @@ class PairProbe:
     goodput_by_reads_mbps: float | None = None  # goodput counted by the sink's reads, as before 2026-11-28
     delay_line_residual_ms: float | None = None  # what the delay lines on the round trip still add (their p50s)
     delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
-
-
-@dataclass
-class DcFloor:
-    """A DC's own unshaped round trip: node 1 (or node 0 itself, in a DC of one node) to node 0."""
-
-    dc: str
-    src: str
-    dst: str
-    rtt_p50_ms: float | None
-    rtt_p99_ms: float | None
-    pings: int
 
 
 def path_ends(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkEnd]:
@@ -122,15 +111,43 @@ def _run_agent(fabric: Fabric, node: str, args: list[str], timeout: float) -> di
     return json.loads(out)
 
 
-def probe_floor(fabric: Fabric, plan: NetworkPlan, topology: Topology, dc: str, *, pings: int) -> DcFloor:
-    """DC `dc`'s own round trip, with the pinger the pairs use, to node 0 (whose probe agent must be serving)."""
+def floor_node(plan: NetworkPlan, topology: Topology, dc: str) -> tuple[str, str]:
+    """Who measures DC `dc`'s own round trip: (pinger, target) = (node 1, node 0), or node 0 itself in a DC of
+    one node. Node 0 serves the probes (_Server)."""
     nodes = next(spec.nodes for spec in topology.dcs if spec.name == dc)
-    src, dst = plan.node(f"{dc}-{1 if nodes > 1 else 0}"), plan.node(f"{dc}-0")
-    measured = _run_agent(fabric, src.name, ["rtt", dst.address, "--port", str(PORT), "--count", str(pings)],
-                          timeout=120 + pings * 0.05)
-    rtts = [value * 1e3 for value in measured["rtts"]]
-    return DcFloor(dc, src.name, dst.name, statistics.median(rtts) if rtts else None,
-                   percentile(rtts, 0.99) if rtts else None, measured["sent"])
+    return plan.node(f"{dc}-{1 if nodes > 1 else 0}").name, plan.node(f"{dc}-0").address
+
+
+@contextlib.contextmanager
+def floors_beside(fabric: Fabric, plan: NetworkPlan, topology: Topology, dcs: tuple[str, ...], *, pings: int,
+                  interval: float = 0.01) -> Iterator[dict[str, list[float]]]:
+    """Each DC's own round trips (ms) while the `with` block measures something else: a pinger in each DC pings its
+    node 0 from the start of the block, for as long as the block's own `pings` take (testbed.runner.fidelity: a
+    floor is measured at the same time as what it is held against). The dict is filled when the block ends."""
+    procs = {}
+    out: dict[str, list[float]] = {}
+    try:
+        for dc in dcs:
+            pinger, target = floor_node(plan, topology, dc)
+            procs[dc] = fabric.popen(pinger, _agent("rtt", target, "--port", str(PORT), "--count", str(pings),
+                                                    "--interval", str(interval)),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        yield out
+        for dc, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=120 + pings * interval * 2)
+            if proc.returncode != 0:
+                raise FabricError(f"probe rtt in DC {dc} failed: {stderr.strip().splitlines()[-1:]}")
+            out[dc] = [value * 1e3 for value in json.loads(stdout)["rtts"]]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def median_ms(values: list[float]) -> float | None:
+    """The median of `values`, None where there are none (every ping lost)."""
+    return statistics.median(values) if values else None
 
 
 def delay_line_figures(fabric: Fabric) -> dict[str, dict]:
@@ -145,10 +162,10 @@ def delay_line_figures(fabric: Fabric) -> dict[str, dict]:
 
 
 def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, dst: str, *,
-               pings: int, seconds: float, applied: Callable[[LinkEnd], bool],
-               floors: dict[str, DcFloor] | None = None) -> PairProbe:
+               pings: int, seconds: float, applied: Callable[[LinkEnd], bool]) -> PairProbe:
     """RTT from src to dst and goodput src->dst (none with `seconds` 0), between node 0 of each DC, whose probe
-    agent must be serving (_Server); held against applied + the two DCs' `floors` (none: against applied)."""
+    agent must be serving (_Server); held against applied + the floor, the two DCs' own round trips measured while
+    the pair's pings run (floors_beside)."""
     there, back = path_ends(plan, topology, src, dst), path_ends(plan, topology, dst, src)
     ends = there + back
     configured = sum(end.shaping.params.latency for end in ends)
@@ -161,12 +178,12 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
     rates = [end.shaping.params.bandwidth for end in there if end.shaping.params.bandwidth is not None]
     rate = min(rates) if rates else None
     src_node, dst_node = plan.node(f"{src}-0"), plan.node(f"{dst}-0")
-    measured = _run_agent(fabric, src_node.name, ["pair", dst_node.address, "--port", str(PORT), "--count",
-                                                  str(pings), "--seconds", str(seconds)],
-                          timeout=120 + pings * 0.05 + seconds)
+    with floors_beside(fabric, plan, topology, (src, dst), pings=pings) as floors:
+        measured = _run_agent(fabric, src_node.name, ["pair", dst_node.address, "--port", str(PORT), "--count",
+                                                      str(pings), "--seconds", str(seconds)],
+                              timeout=120 + pings * 0.05 + seconds)
     ping, flow = measured["rtt"], measured["flow"]
-    floors = floors or {}
-    floor = pair_floor_ms(*(floors[dc].rtt_p50_ms if dc in floors else None for dc in (src, dst)))
+    floor = pair_floor_ms(median_ms(floors[src]), median_ms(floors[dst]))
     trip = round_trip(applied_rtt * 1e3, floor, [value * 1e3 for value in ping["rtts"]])
     expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
     goodput = flow["goodput_bps"] if flow is not None else None
@@ -200,34 +217,24 @@ def _flow_counters(flow: dict | None) -> dict:
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,
               applied: Callable[[LinkEnd], bool],
               on_pair: Callable[[str, str], None] | None = None) -> list[PairProbe]:
-    """Every DC's own round trip (its floor), then every ordered DC pair, one after the other: RTT, and goodput
-    unless `seconds` is 0, in both directions. Node 0 of every DC serves the probes of all its pairs."""
-    return probe_with_floors(fabric, plan, topology, pings=pings, seconds=seconds, applied=applied,
-                             on_pair=on_pair)[0]
-
-
-def probe_with_floors(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200,
-                      seconds: float = 3.0, applied: Callable[[LinkEnd], bool],
-                      on_pair: Callable[[str, str], None] | None = None) -> tuple[list[PairProbe], list[DcFloor]]:
-    """probe_all's pairs, and the DC floors they are held against."""
+    """Every ordered DC pair, one after the other: RTT (with the two DCs' own round trips at the same time), and
+    goodput unless `seconds` is 0, in both directions. Node 0 of every DC serves the probes of all its pairs."""
     results = []
     dcs = [dc.name for dc in topology.dcs]
     with contextlib.ExitStack() as stack:
         servers = [stack.push(_Server(fabric, plan.node(f"{dc}-0").name)) for dc in dcs]  # all start at once
         for server in servers:
             server.wait_ready()
-        floors = {dc: probe_floor(fabric, plan, topology, dc, pings=pings) for dc in dcs}
         for a, b in itertools.permutations(dcs, 2):
             if on_pair:
                 on_pair(a, b)
-            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied,
-                                      floors=floors))
+            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied))
             if seconds > 0:
                 time.sleep(0.1)  # let the previous flow's queues drain
         lines = delay_line_figures(fabric)
     if lines:  # the delay lines' own figures, as they stand after every pair
         results = [_with_lines(result, plan, topology, lines) for result in results]
-    return results, list(floors.values())
+    return results
 
 
 def _with_lines(result: PairProbe, plan: NetworkPlan, topology: Topology, lines: dict[str, dict]) -> PairProbe:

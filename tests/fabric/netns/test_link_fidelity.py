@@ -1,8 +1,10 @@
 """Every DC pair's round trip against the one fidelity definition (testbed.runner.fidelity): its median within
-0.2 ms of the applied round trip plus the floor (the two DCs' own unshaped round trips, measured in the same run),
-through the userspace delay line, on links of 0.8 ms, 3 ms and 0 ms one way. The delay line measures its own path
-and aims that much early; a 0 ms link does not pass through it. (bench/link_fidelity.py holds the 0.05 ms target;
-this bound leaves room for a CI machine busy with other tests.)"""
+0.2 ms of the applied round trip plus the floor (the two DCs' own unshaped round trips, measured at the same time
+as the pair's pings), through the userspace delay line, on links of 0.8 ms, 3 ms and 0 ms one way. The delay line
+measures its own path and aims that much early; a 0 ms link does not pass through it. (bench/link_fidelity.py
+holds the 0.05 ms target.) Beside the suite's own UML boots, with the floors measured before the pairs, 2 runs of
+8 missed the bound (by up to 1.16 ms) and CI failed once at 0.203 ms; with the floors measured beside each pair's
+pings the worst of 8 runs was 0.116 ms, and 0.115 ms of 4 quiet ones (2026-11-29, CHANGELOG)."""
 
 import json
 
