@@ -245,7 +245,7 @@ def add_predictions(summary: pd.DataFrame, run_dir: Path, results: list[dict]) -
     if summary.empty:
         return summary
     try:
-        predictions = {p.cell: p.row() for p in predict_run(run_dir, results)}
+        predictions = {p.cell: p.figures() for p in predict_run(run_dir, results)}
     except (OSError, ValueError):  # an unreadable calibration file: no predictions (NaN), the run's figures stand
         predictions = {}
     for column in (*PREDICTED, "explain"):  # the same columns with or without a calibration (NaN without)

@@ -90,13 +90,10 @@ def plan(experiment: Experiment, topology: Topology, calibration: Calibration) -
 
 
 def cell_record(p: CellPrediction) -> dict[str, Any]:
-    pred = p.prediction
-    return {"cell": p.cell, "strategy": p.strategy, "baseline": p.baseline, "sweep": p.sweep,
-            "step_s_predicted": pred.step_s, "tokens_per_s_predicted": pred.tokens_per_s,
-            "compute_s_predicted": pred.compute_s, "exposed_s_predicted": pred.exposed_s,
-            "comm_intra_s_predicted": pred.comm_intra_s, "comm_inter_s_predicted": pred.comm_inter_s,
-            "bubble_ratio_predicted": pred.bubble_ratio, "inter_dc_bytes_predicted": p.kernel_bytes_per_step,
-            "link_bytes_predicted": p.kernel_link_bytes, "explain": pred.explain}
+    """A planned cell's prediction as the plan prints it: the cell, its sweep point, the figures a run's summary
+    holds beside its measurement (CellPrediction.figures), and the bytes per link direction."""
+    return {"cell": p.cell, "strategy": p.strategy, "baseline": p.baseline, "sweep": p.sweep, **p.figures(),
+            "link_bytes_predicted": p.kernel_link_bytes}
 
 
 def _variants(cell: Cell, sizes: list[int]) -> list[tuple[dict[str, Any], Cell]]:

@@ -78,13 +78,14 @@ class CellPrediction:
     kernel_bytes_per_step: float  # all inter-DC link directions, as the kernel counters count them
     kernel_link_bytes: dict[str, float]  # the same per link direction ("east->west")
 
-    def row(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
+        """The predicted figures by the names a run's tables and the plan's cells give them (`*_predicted`)."""
         p = self.prediction
-        return {"cell": self.cell, "strategy": self.strategy, "baseline": self.baseline, **self.sweep,
-                "step_s_predicted": p.step_s, "tokens_per_s_predicted": p.tokens_per_s,
+        return {"step_s_predicted": p.step_s, "tokens_per_s_predicted": p.tokens_per_s,
                 "compute_s_predicted": p.compute_s, "exposed_s_predicted": p.exposed_s,
-                "bubble_ratio_predicted": p.bubble_ratio,
-                "inter_dc_bytes_predicted": self.kernel_bytes_per_step, "explain": p.explain}
+                "comm_intra_s_predicted": p.comm_intra_s, "comm_inter_s_predicted": p.comm_inter_s,
+                "bubble_ratio_predicted": p.bubble_ratio, "inter_dc_bytes_predicted": self.kernel_bytes_per_step,
+                "explain": p.explain}
 
 
 def cell_options(cell: Mapping[str, Any]) -> Options:
