@@ -9,11 +9,16 @@ together after a barrier); the table has the median over repetitions and what it
 (time x cores / messages).
 
     .venv/bin/python bench/message_cost.py --shapes 4x8,4x16,4x32,1x32 --reps 10
+    .venv/bin/python bench/message_cost.py --netns   # each rank in a node of a testbed, as bench/scale.py's (root)
+
+With --netns the ranks run in the nodes of a testbed of DCs x ranks nodes (the netns backend; the DCs' links 0 ms,
+so the delay line has nothing to do): the same exchanges through each node's veth and its DC's bridge.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -28,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+PREFIX = "tb-msg-"
 ELEMENTS = 236928  # the tiny preset's parameters (testbed.model.shapes.parameter_count): its gradient's floats
 
 
@@ -37,10 +43,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rank_main(rank: int, dcs: int, group_size: int, reps: int, elements: int, port: int, out: str) -> None:
+def rank_main(rank: int, dcs: int, group_size: int, reps: int, elements: int, port: int, out: str,
+              master: str = "127.0.0.1") -> None:
     torch.set_num_threads(1)
     world = dcs * group_size
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
     groups = [dist.new_group(list(range(dc * group_size, (dc + 1) * group_size))) for dc in range(dcs)]
     group = groups[rank // group_size]
     flat = torch.ones(elements - elements % group_size)
@@ -61,10 +68,44 @@ def rank_main(rank: int, dcs: int, group_size: int, reps: int, elements: int, po
     dist.destroy_process_group()
 
 
-def measure(dcs: int, group_size: int, reps: int, elements: int) -> dict:
+def in_nodes(dcs: int, group_size: int, reps: int, elements: int, out: str) -> None:
+    """Every rank as a process in its own node of a testbed (DC d's nodes are ranks d*g .. d*g+g-1)."""
+    from testbed.fabric.lifecycle import bring_up, tear_down
+    from testbed.spec.topology import topology_from_data
+
+    names = [f"dc{dc}" for dc in range(dcs)]
+    links = [{"between": [a, b], "latency": "0ms", "bandwidth": "10gbit"} for a, b in itertools.pairwise(names)]
+    topology = topology_from_data({"name": "message-cost", "dcs": [{"name": n, "nodes": group_size} for n in names],
+                                   "links": links})
+    testbed = bring_up(topology, prefix=PREFIX, shaper="userspace-delay")
+    procs = []
+    try:
+        master = testbed.plan.node(f"{names[0]}-0").address
+        port = 29500
+        for rank in range(dcs * group_size):
+            node = f"{names[rank // group_size]}-{rank % group_size}"
+            procs.append(testbed.fabric.popen(node, [sys.executable, __file__, "--rank", str(rank), "--shapes",
+                                                     f"{dcs}x{group_size}", "--reps", str(reps), "--elements",
+                                                     str(elements), "--master", f"{master}:{port}", "--out", out],
+                                                env={**os.environ, "GLOO_SOCKET_IFNAME": "eth0"}))
+        for proc in procs:
+            if proc.wait(timeout=900) != 0:
+                raise RuntimeError(f"a rank failed ({proc.returncode})")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        tear_down(PREFIX)
+
+
+def measure(dcs: int, group_size: int, reps: int, elements: int, netns: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as out:
         start = time.monotonic()
-        mp.spawn(rank_main, args=(dcs, group_size, reps, elements, free_port(), out), nprocs=dcs * group_size)
+        if netns:
+            in_nodes(dcs, group_size, reps, elements, out)
+        else:
+            mp.spawn(rank_main, args=(dcs, group_size, reps, elements, free_port(), out), nprocs=dcs * group_size)
         wall = time.monotonic() - start
         per_rank = [json.loads(path.read_text()) for path in Path(out).glob("*.json")]
     phase = statistics.median(max(times[i] for times in per_rank) for i in range(reps))
@@ -80,11 +121,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shapes", default="4x8,4x16,4x32,1x32")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--elements", type=int, default=ELEMENTS)
+    parser.add_argument("--netns", action="store_true", help="each rank in a node of a testbed (root)")
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # one rank of --netns, run in its node
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rank is not None:
+        dcs, group_size = (int(part) for part in args.shapes.split("x"))
+        host, port = args.master.rsplit(":", 1)
+        rank_main(args.rank, dcs, group_size, args.reps, args.elements, int(port), args.out, host)
+        return 0
     rows = []
     for shape in args.shapes.split(","):
         dcs, group_size = (int(part) for part in shape.split("x"))
-        rows.append(measure(dcs, group_size, args.reps, args.elements))
+        rows.append({"ranks in": "nodes" if args.netns else "this namespace",
+                     **measure(dcs, group_size, args.reps, args.elements, args.netns)})
         print(f"done {shape}", file=sys.stderr, flush=True)
     print(f"{os.cpu_count()} cores, {args.elements} floats a gradient, {args.reps} repetitions, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
