@@ -52,7 +52,7 @@ from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.fabric.netns.kernel import has_netem
 from testbed.fabric.state import state_dir
 from testbed.runner.fidelity import DEFINITION, pair_floor_ms, round_trip
-from testbed.runner.probe import PAYLOAD_PER_FRAME, floors_beside, median_ms
+from testbed.runner.probe import PAYLOAD_PER_FRAME, floors_beside
 from testbed.spec import units
 from testbed.spec.topology import topology_from_data
 
@@ -156,10 +156,9 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
             proc.wait()
         tear_down(PREFIX)
 
-    floor = pair_floor_ms(*(median_ms(floors[dc]) for dc in DCS))
+    floor = pair_floor_ms(*floors.values())
     idle_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in idle])
-    loaded_trip = round_trip(rtt * 1e3, pair_floor_ms(*(median_ms(floors_loaded[dc]) for dc in DCS)),
-                             [value * 1e3 for value in loaded])
+    loaded_trip = round_trip(rtt * 1e3, pair_floor_ms(*floors_loaded.values()), [value * 1e3 for value in loaded])
     expected = rate_bps * PAYLOAD_PER_FRAME
     return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate, "floor ms": floor,
             "idle p50 err ms": idle_trip.error_ms, "idle p99 err ms": idle_trip.p99_ms - idle_trip.expected_ms,

@@ -21,7 +21,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,14 +32,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from testbed.workload.local import free_port
+
 PREFIX = "tb-msg-"
 ELEMENTS = 236928  # the tiny preset's parameters (testbed.model.shapes.parameter_count): its gradient's floats
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rank_main(rank: int, dcs: int, group_size: int, reps: int, elements: int, port: int, out: str,

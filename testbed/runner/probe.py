@@ -99,7 +99,15 @@ class _Server:
 
 
 def _run_agent(fabric: Fabric, node: str, args: list[str], timeout: float) -> dict:
-    proc = fabric.popen(node, _agent(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return _agent_answer(_start_agent(fabric, node, args), node, args, timeout)
+
+
+def _start_agent(fabric: Fabric, node: str, args: list[str]) -> subprocess.Popen:
+    return fabric.popen(node, _agent(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _agent_answer(proc: subprocess.Popen, node: str, args: list[str], timeout: float) -> dict:
+    """What an agent started by _start_agent printed; a FabricError naming it where it failed or timed out."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -120,34 +128,27 @@ def floor_node(plan: NetworkPlan, topology: Topology, dc: str) -> tuple[str, str
 
 @contextlib.contextmanager
 def floors_beside(fabric: Fabric, plan: NetworkPlan, topology: Topology, dcs: tuple[str, ...], *, pings: int,
-                  interval: float = 0.01) -> Iterator[dict[str, list[float]]]:
-    """Each DC's own round trips (ms) while the `with` block measures something else: a pinger in each DC pings its
-    node 0 from the start of the block, for as long as the block's own `pings` take (testbed.runner.fidelity: a
-    floor is measured at the same time as what it is held against). The dict is filled when the block ends."""
-    procs = {}
-    out: dict[str, list[float]] = {}
+                  interval: float = 0.01) -> Iterator[dict[str, float | None]]:
+    """Each DC's own round trip while the `with` block measures something else: a pinger in each DC pings its node 0
+    from the start of the block, for as long as the block's own `pings` take (testbed.runner.fidelity: a floor is
+    measured at the same time as what it is held against). When the block ends the dict holds each DC's median
+    (ms; None where every ping was lost)."""
+    started = {}
+    out: dict[str, float | None] = {}
     try:
         for dc in dcs:
             pinger, target = floor_node(plan, topology, dc)
-            procs[dc] = fabric.popen(pinger, _agent("rtt", target, "--port", str(PORT), "--count", str(pings),
-                                                    "--interval", str(interval)),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval)]
+            started[dc] = (pinger, args, _start_agent(fabric, pinger, args))
         yield out
-        for dc, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=120 + pings * interval * 2)
-            if proc.returncode != 0:
-                raise FabricError(f"probe rtt in DC {dc} failed: {stderr.strip().splitlines()[-1:]}")
-            out[dc] = [value * 1e3 for value in json.loads(stdout)["rtts"]]
+        for dc, (pinger, args, proc) in started.items():
+            rtts = _agent_answer(proc, pinger, args, timeout=120 + pings * interval * 2)["rtts"]
+            out[dc] = statistics.median(rtts) * 1e3 if rtts else None
     finally:
-        for proc in procs.values():
+        for _, _, proc in started.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-
-
-def median_ms(values: list[float]) -> float | None:
-    """The median of `values`, None where there are none (every ping lost)."""
-    return statistics.median(values) if values else None
 
 
 def delay_line_figures(fabric: Fabric) -> dict[str, dict]:
@@ -183,7 +184,7 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
                                                       str(pings), "--seconds", str(seconds)],
                               timeout=120 + pings * 0.05 + seconds)
     ping, flow = measured["rtt"], measured["flow"]
-    floor = pair_floor_ms(median_ms(floors[src]), median_ms(floors[dst]))
+    floor = pair_floor_ms(floors[src], floors[dst])
     trip = round_trip(applied_rtt * 1e3, floor, [value * 1e3 for value in ping["rtts"]])
     expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
     goodput = flow["goodput_bps"] if flow is not None else None
