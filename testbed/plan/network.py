@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from testbed.plan import DEFAULT_PREFIX
 from testbed.plan.addressing import Addressing, allocate
 from testbed.plan.delayline import DelayDirection
+from testbed.plan.gso import KERNEL_DEFAULT, gso_max_bytes
 from testbed.plan.routing import next_hops
 from testbed.plan.shaping import Shaper, plan_shaping
 from testbed.plan.sysctls import node_sysctls
@@ -66,6 +67,7 @@ class NetworkPlan(TestbedView):
     routes: tuple[Route, ...]
     gateways: dict[str, str] = field(default_factory=dict)  # dc -> gateway namespace
     node_sysctls: dict[str, str] = field(default_factory=dict)  # what every non-router namespace gets (sysctls.py)
+    gso_max: int = KERNEL_DEFAULT  # bytes: the largest unit every interface passes whole (gso.py)
 
     def delay_lines(self) -> dict[str, list[DelayDirection]]:
         """Gateway namespace -> the directions its userspace delay line serves: a->b is delayed where it
@@ -158,7 +160,7 @@ def build_plan(topology: Topology, shaper: Shaper, prefix: str = DEFAULT_PREFIX,
     return NetworkPlan(topology=topology.name, prefix=prefix, shaper=shaper, nodes=tuple(nodes),
                        link_ends=tuple(ends), links=tuple(links), namespaces=tuple(namespaces),
                        bridges=tuple(bridges), veths=tuple(veths), routes=tuple(routes), gateways=gateways,
-                       node_sysctls=node_sysctls(topology))
+                       node_sysctls=node_sysctls(topology), gso_max=gso_max_bytes(topology))
 
 
 def path_params(plan: TestbedView, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkParams]:

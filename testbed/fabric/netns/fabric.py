@@ -12,6 +12,7 @@ from typing import Any
 
 from pyroute2 import NetlinkError, NetNS, netns
 
+from testbed import settings
 from testbed.agents import bootstrap
 from testbed.agents.delayline import control as delay_lines
 from testbed.agents.kernel import KernelLacks, needs
@@ -20,6 +21,7 @@ from testbed.fabric import cancel
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
 from testbed.fabric.forkserver import ForkServer
+from testbed.fabric.netns.gso import set_gso_max
 from testbed.fabric.netns.namespaces import list_namespaces, remove, set_sysctls
 from testbed.fabric.netns.neighbours import (
     ensure_neighbour_capacity,
@@ -29,6 +31,7 @@ from testbed.fabric.netns.neighbours import (
 from testbed.fabric.state import FabricState, state_dir
 from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import DelayLineSpec
+from testbed.plan.gso import KERNEL_DEFAULT
 from testbed.plan.network import LinkEnd, NetworkPlan
 from testbed.plan.shaping import plan_shaping
 from testbed.plan.sysctls import ROUTER_SYSCTLS, proc_paths
@@ -76,6 +79,8 @@ class NetnsFabric(Fabric[NetworkPlan]):
                 raise FabricError(f"bring-up failed: {os.strerror(error.code)} ({error})") from error
             if isinstance(error, KernelLacks):
                 raise FabricError(str(error)) from None
+            if isinstance(error, OSError):
+                raise FabricError(f"bring-up failed: {error.strerror or error}") from error
             raise
 
     def _build(self, plan: NetworkPlan) -> None:
@@ -108,6 +113,12 @@ class NetnsFabric(Fabric[NetworkPlan]):
                 if iface.address is not None:
                     ns.addr("add", index=index, address=iface.address)  # pyroute2 reads "address/prefixlen"
                 ns.link("set", index=index, state="up")
+            if plan.gso_max != KERNEL_DEFAULT and os.environ.get(settings.GSO, "1") != "0":
+                by_ns: dict[str, dict[str, int]] = {}
+                for (ns_name, ifname), index in indexes.items():
+                    by_ns.setdefault(ns_name, {})[ifname] = index
+                for ns_name, interfaces in by_ns.items():
+                    set_gso_max(ns_name, interfaces, plan.gso_max)
             cancel.check()
             for route in plan.routes:
                 handles[route.ns].route("add", dst=route.dst, gateway=route.gateway)  # dst: CIDR or "default"
