@@ -15,6 +15,7 @@ from testbed.model.calibration import Calibration, load_calibration
 from testbed.model.network import Network, build_network
 from testbed.model.strategies import CellModel, Prediction, predict
 from testbed.plan.cells import Cell, plan_cells
+from testbed.plan.gso import gso_max_bytes
 from testbed.spec.experiment import Experiment
 from testbed.spec.strategies import Options
 from testbed.spec.topology import Topology
@@ -111,7 +112,8 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     measured = local if local and not opts.synthetic else None
     compute, overhead = measured or (compute_seconds(opts, calibration),
                                      step_overhead_seconds(opts, network, calibration))
-    model = CellModel(opts, network, calibration.transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
+    transport = replace(calibration.transport, gso_max=gso_max_bytes(topology))  # as the fabric sets it at `up`
+    model = CellModel(opts, network, transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
     if measured:
         if warm_wall:
             model = warmup_overhead(model, warm_wall)

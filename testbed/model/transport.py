@@ -23,7 +23,6 @@ from typing import Any
 
 PAYLOAD_PER_FRAME = 1448 / 1514  # TCP payload per full Ethernet frame at MTU 1500 (timestamps on)
 HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4 and TCP (with timestamps) headers of one packet
-GSO_MAX = 65536  # bytes: the largest unit TCP hands the stack at once (sk_gso_max_size)
 PACING_SHIFT = 10  # a unit holds about 1/2^10 s of the pacing rate (sk_pacing_shift)
 MIN_TSO_SEGS = 2  # net.ipv4.tcp_min_tso_segs
 
@@ -41,6 +40,8 @@ class Transport:
     rto_min: float = 0.2  # seconds
     slow_start_after_idle: bool = True
     max_window: float = 128e6  # bytes (net.ipv4.tcp_wmem/rmem maximum the fabric sets, halved)
+    gso_max: int = 65536  # bytes: the largest unit TCP hands the stack (sk_gso_max_size: the testbed's interfaces'
+    # size, testbed.plan.gso, which predict_cell sets from the topology)
     # fitted on this machine (defaults: a first guess, replaced by `testbed calibrate`)
     op_overhead: float = 3e-4  # seconds per collective or transfer call (Python, dispatch, wake-ups)
     message_overhead: float = 5e-5  # seconds per segment exchanged (copies, notifications)
@@ -149,16 +150,16 @@ def restart_window(transport: Transport, conn: Connection, now: float, rtt: floa
 def tso_units(transport: Transport, nbytes: float, window: float, rtt: float, slow_start: bool) -> int:
     """How many units Linux TCP cuts one round's `nbytes` into (tcp_tso_autosize): about 1 ms of the pacing rate
     it computes for itself (twice window / round trip in slow start, 1.2 times after), plus a bonus on round trips
-    under 16 ms, at least two segments and at most 64 kB. A virtual link (veth, the delay line's queue) passes
+    under 16 ms, at least two segments and at most the interfaces' GSO size. A virtual link (veth, the delay line's queue) passes
     them whole and its counters count them: long round trips and small windows make more, smaller packets, each
     with its headers."""
     rate = (2.0 if slow_start else 1.2) * window / max(rtt, 1e-9)
     size = rate / (1 << PACING_SHIFT)
     shift = int(rtt * 1e6) >> 9  # tcp_tso_rtt_log: the bonus halves per 512 us of minimum round trip
     if shift < 32:
-        size += GSO_MAX >> shift
+        size += transport.gso_max >> shift
     mss = transport.mss
-    size = max(MIN_TSO_SEGS, int(min(size, GSO_MAX) // mss)) * mss
+    size = max(MIN_TSO_SEGS, int(min(size, transport.gso_max) // mss)) * mss
     return max(1, math.ceil(nbytes / size))
 
 
