@@ -15,7 +15,8 @@ import statistics
 from dataclasses import dataclass
 
 DEFINITION = ("error = measured RTT median - (applied RTT + floor); floor = the mean of the two DCs' own unshaped "
-              "round trips (node to node inside each DC, same pinger, measured at the same time as the pair's pings)")
+              "round trips (node to node inside each DC, same pinger, measured at the same time as the pair's pings); "
+              "pings randomly spaced around their interval")
 
 
 @dataclass(frozen=True)
