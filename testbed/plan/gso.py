@@ -3,8 +3,8 @@
 TCP hands its stack units of about 1 ms of its pacing rate (tcp_tso_autosize), capped by the interface's
 `gso_ipv4_max_size`, 64 KiB by default; a veth or a bridge passes them whole, and so do the delay line's queue and
 its verdicts. The delay line's work is per unit (a wake-up, a verdict, the kernel carrying the unit on): at
-2.5 Gbit/s, 64 KiB units are 4 300 a second and cost it 18-26 % of a core on this project's 2-core machine; 156 kB
-units, 1 500 a second and 8-10 % (2026-11-29, bench/link_fidelity.py). Larger units also make traffic burstier at
+2.5 Gbit/s, 64 KiB units are 4 300 a second and cost it 18-23 % of a core on this project's 2-core machine; 156 kB
+units, 1 800 a second and 8-10 % (2026-11-29, bench/link_fidelity.py). Larger units also make traffic burstier at
 the scale of one unit, so the cap is what the fastest inter-DC link carries in UNIT_TIME, as 64 KiB was at
 1 Gbit/s: links up to 1 Gbit/s keep the kernel's default. One size for every interface: a unit that meets a smaller
 cap on its way is cut into packets of the MTU there, in software (160 000 a second at 2 Gbit/s)."""
