@@ -121,7 +121,7 @@ def cell_figures(cell_dir: Path) -> dict:
             "setup_s": max(starts) - result["launched"] if len(starts) == world else None,
             "first_step_s": max(r["time"] for r in first) - result["launched"] if len(first) == world else None,
             "step_s": slowest("wall_s"),
-            "cell_s": result["seconds"]}
+            "cell_s": result["seconds"], "delay_line_cpu_s": result.get("delay_line_cpu_s")}
 
 
 def model_columns(cell: dict) -> dict:
@@ -161,7 +161,8 @@ def measure(ranks: int, launcher: str, args: argparse.Namespace, root: Path) -> 
                      "step compute s": figures["compute_s"], "step intra-DC comm s": figures["comm_intra_s"],
                      "step inter-DC comm s": figures["comm_inter_s"],
                      **model_columns(predicted.get(strategy, {})),
-                     "cell s": figures["cell_s"], "used memory rise GiB (run peak)": rise / 2**30,
+                     "cell s": figures["cell_s"], "delay lines CPU s": figures["delay_line_cpu_s"],
+                     "used memory rise GiB (run peak)": rise / 2**30,
                      "run wall s (both cells)": wall})
         if figures["status"] != "ok":
             print(f"{ranks} ranks, {launcher}: {cell_dir.name} failed: {figures['reason']}", flush=True)

@@ -17,7 +17,8 @@ Per cell (steps after the warm-up only):
 - final_loss and the loss curve;
 - delay_late_p99_ms: how late the userspace delay line itself released packets (p99 on the cell's worst link;
   flagged when above max(5 % of that link's delay, 1 ms)): emulator error, as opposed to the endpoints' own
-  scheduling. netem keeps no such figure;
+  scheduling. netem keeps no such figure; delay_line_cpu_s: the CPU seconds every delay line's worker spent
+  during the cell (the kernel carrying the released units on included);
 - host_steal: the share of this machine's CPU time its hypervisor took (/proc/stat's steal) during the
   measured steps (netns and docker, whose ranks share this machine's cores; testbed.runner.hostcpu); flagged
   (host_steal_flag) above HOST_STEAL_BOUND: the cell's step time is then partly the host's other guests';
@@ -173,6 +174,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
         for key, value in link_bytes.items():
             row[f"bytes[{key}]"] = value["tx_bytes"]
         row.update(worst_lateness(result))
+        row["delay_line_cpu_s"] = result.get("delay_line_cpu_s")
         row.update(fault_figures(result))
         row.update(restart_columns(result))
         mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps

@@ -115,6 +115,19 @@ def late_bound_ms(delay_ms: float) -> float:
     return max(LATE_FLAG_FRACTION * delay_ms, LATE_FLAG_FLOOR_MS)
 
 
+def delay_line_cpu_s(before: dict, after: dict) -> float | None:
+    """CPU seconds the delay lines' workers spent between two stats snapshots, each worker counted once (it serves
+    every direction arriving at its gateway); a worker that restarted counts from its start; None without any."""
+    spent: dict[int, float] = {}
+    for key, figures in after.items():
+        if figures.get("worker_cpu_s") is None:
+            continue
+        old = before.get(key, {})
+        same = old.get("worker") == figures["worker"] and old.get("worker_cpu_s") is not None
+        spent[figures["worker"]] = figures["worker_cpu_s"] - (old["worker_cpu_s"] if same else 0.0)
+    return sum(spent.values()) if spent else None
+
+
 def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:
     """Per delayed direction: how late the delay line released this cell's packets against their due times, and
     how its worker was scheduled (fifo, or other: where the machine refused real-time priority)."""
@@ -256,7 +269,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
                 host_cpu = sampler.stop() if sampler else None
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
-    lateness = delay_line_lateness(testbed, late_before, testbed.fabric.delay_line_stats())
+    late_after = testbed.fabric.delay_line_stats()
+    lateness = delay_line_lateness(testbed, late_before, late_after)
     killed = [e["target"] for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None]
     if not outcome.ok and outcome.failed_rank is not None and f"rank {outcome.failed_rank}" in killed:
         outcome.reason += " (killed by the faults: timeline)"
@@ -272,7 +286,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
               "link_bytes": counter_delta(before, after), "world": len(specs), "ranks_per_node": ranks_per_node,
               "links": {k: testbed.plan.link_end(k).shaping.params.describe() for k in after},
               "mechanism": {k: testbed.mechanism(testbed.plan.link_end(k)) for k in after},
-              "delay_line": lateness, "host_cpu": host_cpu, "faults": fault_record, "sdc": sdc_record(metrics_dir),
+              "delay_line": lateness, "delay_line_cpu_s": delay_line_cpu_s(late_before, late_after),
+              "host_cpu": host_cpu, "faults": fault_record, "sdc": sdc_record(metrics_dir),
               "restarts": restart_figures(metrics_dir / "rank0.jsonl", deaths),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}

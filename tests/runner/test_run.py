@@ -89,6 +89,8 @@ def test_run_writes_results_report_and_gates(prefix, tmp_path):
         late = result["delay_line"]["east->west"]
         assert late["packets"] > 100 and late["delay_ms"] == 5.0 and late["bound_ms"] == 1.0
         assert late["scheduling"] == "fifo"  # root here: the worker got real-time priority
+        assert 0 < result["delay_line_cpu_s"] < result["seconds"] * os.cpu_count(), result["delay_line_cpu_s"]
+        assert all(float(row["delay_line_cpu_s"]) > 0 for row in rows)
         assert "## Emulator lateness" in (run_dir / "report.md").read_text()
     assert manifest["shaper"] in ("netem", "userspace-delay") and manifest["links"]["east->west"]["mechanism"]
     assert manifest["versions"]["torch"].startswith("2.") and manifest["experiment_sha256"]

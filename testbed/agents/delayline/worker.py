@@ -52,9 +52,10 @@ STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, 
 
 
 def _stats_text(by_key: dict[str, Direction], sched: str) -> str:
+    cpu = time.process_time()  # the worker's CPU seconds so far, user and system (the kernel carrying units on)
     return json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
         key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "late": line.late,
-              **line.figures()} for key, line in by_key.items()}})
+              "worker_cpu_s": cpu, **line.figures()} for key, line in by_key.items()}})
 
 
 def soonest(directions: dict[int, Direction]) -> float:
