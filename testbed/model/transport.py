@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from testbed.plan.gso import KERNEL_DEFAULT
+
 PAYLOAD_PER_FRAME = 1448 / 1514  # TCP payload per full Ethernet frame at MTU 1500 (timestamps on)
 HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4 and TCP (with timestamps) headers of one packet
 PACING_SHIFT = 10  # a unit holds about 1/2^10 s of the pacing rate (sk_pacing_shift)
@@ -40,7 +42,7 @@ class Transport:
     rto_min: float = 0.2  # seconds
     slow_start_after_idle: bool = True
     max_window: float = 128e6  # bytes (net.ipv4.tcp_wmem/rmem maximum the fabric sets, halved)
-    gso_max: int = 65536  # bytes: the largest unit TCP hands the stack (sk_gso_max_size: the testbed's interfaces'
+    gso_max: int = KERNEL_DEFAULT  # bytes: the largest unit TCP hands the stack (sk_gso_max_size: the testbed's interfaces'
     # size, testbed.plan.gso, which predict_cell sets from the topology)
     # fitted on this machine (defaults: a first guess, replaced by `testbed calibrate`)
     op_overhead: float = 3e-4  # seconds per collective or transfer call (Python, dispatch, wake-ups)

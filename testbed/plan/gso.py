@@ -7,7 +7,8 @@ its verdicts. The delay line's work is per unit (a wake-up, a verdict, the kerne
 units, 1 800 a second and 8-10 % (2026-11-29, bench/link_fidelity.py). Larger units also make traffic burstier at
 the scale of one unit, so the cap is what the fastest inter-DC link carries in UNIT_TIME, as 64 KiB was at
 1 Gbit/s: links up to 1 Gbit/s keep the kernel's default. One size for every interface: a unit that meets a smaller
-cap on its way is cut into packets of the MTU there, in software (160 000 a second at 2 Gbit/s)."""
+cap on its way is cut into packets of the MTU there, in software (160 000 a second at 2 Gbit/s). Set at `up` from
+the topology's links: a sweep of `bandwidth` or a live `shape` keeps it."""
 
 from __future__ import annotations
 

@@ -116,16 +116,26 @@ def late_bound_ms(delay_ms: float) -> float:
 
 
 def delay_line_cpu_s(before: dict, after: dict) -> float | None:
-    """CPU seconds the delay lines' workers spent between two stats snapshots, each worker counted once (it serves
-    every direction arriving at its gateway); a worker that restarted counts from its start; None without any."""
-    spent: dict[int, float] = {}
-    for key, figures in after.items():
-        if figures.get("worker_cpu_s") is None:
+    """CPU seconds the delay lines' workers spent between two stats snapshots (direction key -> figures): one
+    worker per gateway, which serves every direction arriving there (a->b is delayed in b's), counted once; a worker
+    that replaced the one before counts from its start; a gateway with no figure before counts nothing (what it
+    spent earlier is unknown). None where no worker says."""
+    spent = 0.0
+    said = False
+    gateways = {key.split("->")[-1] for key, figures in after.items() if figures.get("worker_cpu_s") is not None}
+    for gateway in sorted(gateways):
+        now = [f for key, f in after.items() if key.split("->")[-1] == gateway and f.get("worker_cpu_s") is not None]
+        then = [f for key, f in before.items() if key.split("->")[-1] == gateway and f.get("worker_cpu_s") is not None]
+        worker, cpu = now[0]["worker"], max(f["worker_cpu_s"] for f in now)
+        same = [f["worker_cpu_s"] for f in then if f["worker"] == worker]
+        if same:
+            spent += cpu - min(same)
+        elif then:
+            spent += cpu  # restarted during the cell
+        else:
             continue
-        old = before.get(key, {})
-        same = old.get("worker") == figures["worker"] and old.get("worker_cpu_s") is not None
-        spent[figures["worker"]] = figures["worker_cpu_s"] - (old["worker_cpu_s"] if same else 0.0)
-    return sum(spent.values()) if spent else None
+        said = True
+    return spent if said else None
 
 
 def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:

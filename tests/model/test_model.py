@@ -372,7 +372,8 @@ def test_tso_units_follow_linux_autosizing(nbytes, window, rtt, units):
 
 def test_tso_units_are_capped_by_the_interfaces_gso_size():
     """A 2.5 Gbit/s testbed's interfaces take 156 kB units (testbed.plan.gso): a window of 20 MB over 40 ms paces
-    at 1 GB/s, 977 kB a millisecond, so units are as large as the interfaces allow (107 segments, not 45)."""
+    at 1.2 x 20 MB / 40 ms = 600 MB/s, 586 kB in 1/1024 s, so units are as large as the interfaces allow (107
+    segments, not 45)."""
     big = dataclasses.replace(Transport(), gso_max=156_250)
     assert tso_units(Transport(), 20e6, 20e6, 0.040, slow_start=False) == math.ceil(20e6 / (45 * 1448))
     assert tso_units(big, 20e6, 20e6, 0.040, slow_start=False) == math.ceil(20e6 / (107 * 1448))

@@ -9,7 +9,7 @@ a constant delay, shaping before or after the delay is the same link.
 Semantics, same as the netem shaper: every packet is held latency + U(-jitter, +jitter) (never below zero,
 and never before the packet ahead of it: FIFO, no reordering, like netem with a rate); loss drops each
 packet independently with the configured probability (release.py). On lossy links the queue is bound without
-the GSO flag so the kernel segments 64 kB offload units and loss acts per wire packet (costs CPU: 1.56 Gbit/s
+the GSO flag so the kernel segments offload units (testbed.plan.gso) and loss acts per wire packet (costs CPU: 1.56 Gbit/s
 at most measured here, bench/link_impairments.py); otherwise GSO units stay whole and are delayed as one.
 
 Process model (`python -m testbed.agents.delayline supervise|worker CONFIG`): control.start_all() launches a

@@ -79,8 +79,6 @@ class NetnsFabric(Fabric[NetworkPlan]):
                 raise FabricError(f"bring-up failed: {os.strerror(error.code)} ({error})") from error
             if isinstance(error, KernelLacks):
                 raise FabricError(str(error)) from None
-            if isinstance(error, OSError):
-                raise FabricError(f"bring-up failed: {error.strerror or error}") from error
             raise
 
     def _build(self, plan: NetworkPlan) -> None:

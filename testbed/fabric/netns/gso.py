@@ -11,10 +11,13 @@ import os
 import socket
 import struct
 
+from testbed.agents.delayline.nfqueue import ack_code
+from testbed.fabric.errors import FabricError
 from testbed.fabric.netns.namespaces import entered
 
-RTM_NEWLINK, NLM_F_REQUEST, NLM_F_ACK, NLMSG_ERROR = 16, 1, 4, 2
+RTM_NEWLINK, NLM_F_REQUEST, NLM_F_ACK = 16, 1, 4
 IFLA_GSO_IPV4_MAX_SIZE, IFLA_GRO_IPV4_MAX_SIZE = 63, 64
+ANSWER_TIMEOUT = 5.0  # seconds the kernel has to acknowledge a request
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _U32_ATTR = struct.Struct("=HHI")
@@ -29,20 +32,21 @@ def request(index: int, size: int, seq: int) -> bytes:
 
 
 def set_gso_max(ns: str, interfaces: dict[str, int], size: int) -> None:
-    """Give every interface of namespace `ns` in `interfaces` (name -> index) the limit `size` (bytes); raises
-    OSError with the kernel's errno."""
+    """Give every interface of namespace `ns` in `interfaces` (name -> index) the limit `size` (bytes); a
+    FabricError naming the interface and the kernel's reason where it refuses or does not answer."""
     with entered(ns):
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
     with sock:
+        sock.settimeout(ANSWER_TIMEOUT)
         sock.bind((0, 0))
         for seq, (ifname, index) in enumerate(interfaces.items(), 1):
-            sock.send(request(index, size, seq))
-            while True:
-                reply = sock.recv(65536)
-                _, kind, _, got, _ = _HEADER.unpack_from(reply)
-                if kind == NLMSG_ERROR and got == seq:
-                    (code,) = struct.unpack_from("=i", reply, _HEADER.size)
-                    if code:
-                        raise OSError(-code, f"{ns}/{ifname}: setting its GSO size to {size} bytes: "
-                                             f"{os.strerror(-code)}")
-                    break
+            where = f"{ns}/{ifname}: setting its GSO size to {size} bytes"
+            try:
+                sock.send(request(index, size, seq))
+                code = None
+                while code is None:
+                    code = ack_code(sock.recv(65536), seq)
+            except OSError as error:  # a timeout included
+                raise FabricError(f"{where}: {error.strerror or error}") from None
+            if code:
+                raise FabricError(f"{where}: {os.strerror(-code)}")
