@@ -23,7 +23,7 @@ from testbed.waiting import alive, wait_for
 
 START_TIMEOUT_S = 30.0  # a start that has not bound its queues by then failed; on a loaded machine (the suite's
 # user-mode Linux boots, a second test run and its model tests on the same 2 cores) four gateways' delay lines took
-# over 10 s, the bound until 2026-11-29; a start takes ~0.3 s quiet, so a failure is only reported later
+# over 10 s, the bound until 2026-11-29; only a failed start waits longer to be reported
 
 
 def start_all(work: dict[str, list[DelayDirection]], directory: Path, timeout: float = START_TIMEOUT_S,
