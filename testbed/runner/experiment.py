@@ -120,22 +120,26 @@ def delay_line_cpu_s(before: dict, after: dict) -> float | None:
     worker per gateway, which serves every direction arriving there (a->b is delayed in b's), counted once; a worker
     that replaced the one before counts from its start; a gateway with no figure before counts nothing (what it
     spent earlier is unknown). None where no worker says."""
-    spent = 0.0
-    said = False
-    gateways = {key.split("->")[-1] for key, figures in after.items() if figures.get("worker_cpu_s") is not None}
-    for gateway in sorted(gateways):
-        now = [f for key, f in after.items() if key.split("->")[-1] == gateway and f.get("worker_cpu_s") is not None]
-        then = [f for key, f in before.items() if key.split("->")[-1] == gateway and f.get("worker_cpu_s") is not None]
+    earlier = _workers(before)
+    spent = []
+    for gateway, now in _workers(after).items():
+        then = earlier.get(gateway, [])
         worker, cpu = now[0]["worker"], max(f["worker_cpu_s"] for f in now)
         same = [f["worker_cpu_s"] for f in then if f["worker"] == worker]
         if same:
-            spent += cpu - min(same)
+            spent.append(cpu - min(same))
         elif then:
-            spent += cpu  # restarted during the cell
-        else:
-            continue
-        said = True
-    return spent if said else None
+            spent.append(cpu)  # restarted during the cell
+    return sum(spent) if spent else None
+
+
+def _workers(snapshot: dict) -> dict[str, list[dict]]:
+    """A stats snapshot's figures that carry the worker's CPU, by gateway (the direction's receiving DC)."""
+    out: dict[str, list[dict]] = {}
+    for key, figures in snapshot.items():
+        if figures.get("worker_cpu_s") is not None:
+            out.setdefault(key.split("->")[-1], []).append(figures)
+    return out
 
 
 def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:

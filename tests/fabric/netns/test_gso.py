@@ -4,13 +4,13 @@
 
 import platform
 import struct
-from pathlib import Path
 
 import pytest
+from pyroute2 import NetNS
 
+from testbed.agents.tc import interface_counters
 from testbed.fabric.lifecycle import bring_up
 from testbed.fabric.netns.gso import IFLA_GRO_IPV4_MAX_SIZE, IFLA_GSO_IPV4_MAX_SIZE, RTM_NEWLINK, request
-from testbed.fabric.netns.namespaces import entered
 from testbed.plan.gso import KERNEL_DEFAULT
 from testbed.runner.probe import _run_agent, _Server
 from tests.support.topologies import pair_topology
@@ -30,11 +30,9 @@ def test_the_request_names_the_interface_and_both_sizes():
 
 def received(ns: str) -> tuple[int, int]:
     """(bytes, packets) node `ns`'s eth0 has received."""
-    with entered(ns):  # /proc/thread-self/net: this thread's namespace (/sys and /proc/net are the process's)
-        line = next(row for row in Path("/proc/thread-self/net/dev").read_text().splitlines()
-                    if row.strip().startswith("eth0:"))
-    fields = line.split(":", 1)[1].split()
-    return int(fields[0]), int(fields[1])
+    with NetNS(ns) as handle:
+        counters = interface_counters(handle, "eth0")
+    return counters.rx_bytes, counters.rx_packets
 
 
 def bytes_per_unit(testbed) -> tuple[float, float]:
