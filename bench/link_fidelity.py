@@ -64,6 +64,7 @@ VARIANTS = {  # the delay line as it was before a change, beside it in the same 
     "uncompensated": {"TESTBED_DELAY_LINE_COMPENSATE": "0"},  # aims at the due time itself
     "unbatched": {"TESTBED_DELAY_LINE_BATCH": "0"},  # watches its queue all the time: two wake-ups a packet
     "64k": {"TESTBED_GSO": "0"},  # units of at most 64 KiB, the kernel's default, whatever the link's rate
+    "cold": {"TESTBED_DELAY_LINE_WARM": "0"},  # releases after a sleep without warming the verdict's path first
 }
 BEFORE = "before"  # the variant that runs an earlier revision's code (--before)
 REPO = Path(__file__).resolve().parent.parent

@@ -42,6 +42,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
                                               "not ahead of it by its own measured release path"),
     "TESTBED_DELAY_LINE_BATCH": ("user", "`0` makes the delay line watch its queue all the time instead of "
                                          "reading what arrived in one batch when it wakes for the head"),
+    "TESTBED_DELAY_LINE_WARM": ("user", "`0` makes the delay line release a packet after a sleep without first "
+                                        "sending a verdict that accepts nothing (which warms the verdict's path)"),
     "TESTBED_GSO": ("user", "`0` leaves every interface of a netns testbed at the kernel's 64 KiB GSO size, "
                             "whatever its links' rates"),
     "TESTBED_OWNERS_DIR": ("user", "where the lock files that say which process holds a testbed live (default "

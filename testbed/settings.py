@@ -12,5 +12,6 @@ ROUTER = "TESTBED_ROUTER"  # a DC router's configuration, RouterConfig as JSON (
 DELAY_LINE_RT = "TESTBED_DELAY_LINE_RT"  # 0: the delay line's worker runs without SCHED_FIFO (testbed.agents.delayline)
 DELAY_LINE_COMPENSATE = "TESTBED_DELAY_LINE_COMPENSATE"  # 0: the delay line does not take its own path back
 DELAY_LINE_BATCH = "TESTBED_DELAY_LINE_BATCH"  # 0: the delay line watches its queue all the time
+DELAY_LINE_WARM = "TESTBED_DELAY_LINE_WARM"  # 0: the delay line does not warm its verdict's path before a release
 GSO = "TESTBED_GSO"  # 0: the netns fabric leaves every interface's GSO size at the kernel's 64 KiB (plan/gso.py)
 PROBE_RT = "TESTBED_PROBE_RT"  # 0: the probe agent's pinger runs without SCHED_FIFO (testbed.agents.probe)

@@ -17,7 +17,12 @@ waits for a wake-up past half that time, after that wake-up's verdict (or ends a
 comes first): many packets a read, one system call for up to nfqueue.READ_SLOTS of them, where it took a read per
 wake-up and two recv() a packet (one finding the queue empty). $TESTBED_DELAY_LINE_BATCH set to 0 watches the queue
 all the time and reads it at every wake-up (bench/link_fidelity.py compares both, and with --before the code of an
-earlier revision)."""
+earlier revision).
+
+A verdict after a sleep is slow: its code, Python's and the kernel's, has gone cold, and the packet left the
+gateway 16-20 us after its due time where an unshaped gateway crossing takes 3-4 (bench/delay_line_path.py, the
+kernel's trace). So a wake-up for a release first sends a verdict that accepts nothing, 40 us before the real one:
+the packet then leaves 6-7 us after its due time. $TESTBED_DELAY_LINE_WARM set to 0 does not."""
 
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ RT_ENV, RT_PRIORITY = settings.DELAY_LINE_RT, 10
 STATS_EVERY = 1.0  # seconds between stats files while packets flow (and on request, SIGUSR2)
 COMPENSATE_ENV = settings.DELAY_LINE_COMPENSATE
 BATCH_ENV = settings.DELAY_LINE_BATCH
+WARM_ENV = settings.DELAY_LINE_WARM
 UNWATCHED_MARGIN = 200e-6  # an unwatched sleep ends at least this long before a new arrival could be due
 READ_SHARE = 0.5  # a read comes with the first wake-up after this share of the time it may be put off
 STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, and how far ahead each aims
@@ -148,6 +154,7 @@ def worker(config_path: str) -> int:
     # due meanwhile (a cell's delay line was late by 95 ms at most, its probe's p99 194 ms on a 40 ms round trip)
     stats = LatestWriter(files.stats, name="stats")
     batch = os.environ.get(BATCH_ENV, "1") != "0"
+    warm = os.environ.get(WARM_ENV, "1") != "0"
     lines = list(directions.values())
     watched = True  # whether the last sleep watched the queue (so a read's first packet samples the reaction)
     read_after = read_by = 0.0  # when the next read may come with a release's wake-up, and when it must come
@@ -179,11 +186,11 @@ def worker(config_path: str) -> int:
         if not first and now >= read_after:  # a read that can wait comes after the verdicts, off their packets' way
             take(sock, directions, now, False)
             read_after, read_by = read_times(now, soonest(directions))
-        wake = None
+        wake = head = None
         for line in lines:
             due = line.next_due()
             if due is not None and (wake is None or due < wake):
-                wake = due
+                wake, head = due, line.queue
         # select(), not poll(): poll rounds its timeout up to whole milliseconds.
         now = time.time()
         if wake is None:
@@ -200,3 +207,5 @@ def worker(config_path: str) -> int:
             select.select([sock], [], [], end - now)
         else:
             time.sleep(end - now)  # cheaper than an empty select(), as precise (timer slack 1 ns)
+        if warm and end == wake - EARLY_WAKE:  # woke for a release: the verdict's path, cold after a sleep, warmed
+            sock.accept_up_to(head, 0)  # accepts nothing (ids start at 1); the kernel's answer is read and skipped
