@@ -44,6 +44,7 @@ class Direction:
         self.last_due = 0.0
         self.late: dict[int, int] = {}  # residual bucket -> packets that went on their way that late
         self.released = 0
+        self.warmed = 0  # releases whose verdict's path was warmed first (the worker's, after a sleep)
         self.compensate = True  # False: aim at the due time itself (what the delay line did before)
         self.compensation = compensation  # seconds before its due time a packet is aimed at
         self.path: deque[float] = deque(maxlen=SAMPLES)  # on its way - aim, for packets it waited for

@@ -60,7 +60,7 @@ STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, 
 def _stats_text(by_key: dict[str, Direction], sched: str) -> str:
     cpu = time.process_time()  # the worker's CPU seconds so far, user and system (the kernel carrying units on)
     return json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
-        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "late": line.late,
+        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "warmed": line.warmed, "late": line.late,
               "worker_cpu_s": cpu, **line.figures()} for key, line in by_key.items()}})
 
 
@@ -207,5 +207,7 @@ def worker(config_path: str) -> int:
             select.select([sock], [], [], end - now)
         else:
             time.sleep(end - now)  # cheaper than an empty select(), as precise (timer slack 1 ns)
-        if warm and end == wake - EARLY_WAKE:  # woke for a release: the verdict's path, cold after a sleep, warmed
+        if warm and end == wake - EARLY_WAKE and time.time() >= end:  # woke for a release, not for an arrival: the
+            # verdict's path, cold after a sleep, warmed (not at every arrival a watched sleep ends on)
             sock.accept_up_to(head, 0)  # accepts nothing (ids start at 1); the kernel's answer is read and skipped
+            directions[head].warmed += 1

@@ -7,10 +7,14 @@ holds the 0.05 ms target.) Beside the suite's own UML boots, with the floors mea
 pings the worst of 8 runs was 0.116 ms, and 0.115 ms of 4 quiet ones (2026-11-29, CHANGELOG)."""
 
 import json
+import subprocess
 
 import pytest
 
+from testbed import settings
+from testbed.fabric.lifecycle import bring_up
 from tests.conftest import namespaces_with, run_cli
+from tests.support.topologies import pair_topology
 
 pytestmark = pytest.mark.root
 
@@ -69,3 +73,24 @@ def test_status_says_where_a_link_asks_for_less_than_the_delay_line_can_give(pre
     assert lines["c->d"]["packets"] == 0  # 0 ms: no rule, its packets never pass through the delay line
     table = run_cli("status", check=True).stdout
     assert "userspace delay lines" in table and "not compensated" in table
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_release_after_a_sleep_warms_the_verdicts_path_first_unless_switched_off(prefix, monkeypatch, switch):
+    """Idle pings 2 ms one way: the worker sleeps before each release, so each one is preceded by a verdict that
+    accepts nothing (the delay line's `warmed` count), none with TESTBED_DELAY_LINE_WARM=0; every ping comes back
+    either way. (What it buys is measured by bench/delay_line_path.py.)"""
+    monkeypatch.setenv(settings.DELAY_LINE_WARM, switch)
+    testbed = bring_up(pair_topology(latency="2ms", bandwidth="1gbit"), prefix=prefix, shaper="userspace-delay")
+    pings = 20
+    proc = testbed.fabric.popen("east-0", ["ping", "-n", "-q", "-i", "0.02", "-c", str(pings),
+                                           testbed.plan.node("west-0").address],
+                                stdout=subprocess.PIPE, text=True)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and f"{pings} received" in out, out
+    stats = testbed.fabric.delay_line_stats()["east->west"]
+    assert stats["released"] >= pings, stats
+    if switch == "1":
+        assert stats["warmed"] >= pings // 2, stats
+    else:
+        assert stats["warmed"] == 0, stats
