@@ -136,12 +136,13 @@ def restore_by_job(prefix: str, nodes: list[str], timeout: float = STEP_TIMEOUT_
 
 def merge_figures(a: dict, b: dict) -> dict:
     """One direction's delay-line figures from two receiving nodes (each node of the DC runs its own delay line):
-    packets released and lateness buckets added up, the rest from the node that released more."""
+    packets released (and warmed) and lateness buckets added up, the rest from the node that released more."""
     first, second = (a, b) if a.get("released", 0) >= b.get("released", 0) else (b, a)
     late = dict(first.get("late", {}))
     for bucket, count in second.get("late", {}).items():
         late[bucket] = late.get(bucket, 0) + count
-    return {**first, "released": first.get("released", 0) + second.get("released", 0), "late": late}
+    return {**first, "released": first.get("released", 0) + second.get("released", 0),
+            "warmed": first.get("warmed", 0) + second.get("warmed", 0), "late": late}
 
 
 class NodeShell:
