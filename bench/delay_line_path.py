@@ -55,35 +55,51 @@ LINE = re.compile(r"\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[\d+\]\s+\S+\s+(?P<t>[\d.]+
 SKB = re.compile(r"dev=(?P<dev>\S+) skbaddr=(?P<skb>\S+)")
 
 
+def _restore(path: Path, old: str) -> None:
+    """Write back what `path` held (as tracefs shows it: the selected clock in brackets, a buffer's expanded size,
+    `none` for no filter); quietly, so that one failure does not keep the rest from being set back."""
+    value = old.strip()
+    if path.name == "trace_clock":
+        value = re.search(r"\[(\w+)\]", old).group(1) if "[" in old else "local"
+    elif path.name == "buffer_size_kb":
+        expanded = re.search(r"expanded: (\d+)", old)
+        value = expanded.group(1) if expanded else value
+        if not value.isdigit():  # per-CPU sizes differ ("X"): nothing one write could restore
+            return
+    elif path.name == "filter" and value == "none":
+        value = "0"
+    with contextlib.suppress(OSError):
+        path.write_text(value)
+
+
 @contextlib.contextmanager
 def traced(workers: list[int]) -> Iterator[Path]:
-    """Trace EVENTS (the sendto of `workers` only) into the returned file when the block ends; tracefs as it was
-    afterwards."""
-    files = {name: TRACING / name for name in ("tracing_on", "trace_clock", "buffer_size_kb")}
-    kept = {name: path.read_text() for name, path in files.items()}
-    clock = re.search(r"\[(\w+)\]", kept["trace_clock"])
-    sendto_filter = TRACING / "events/syscalls/sys_enter_sendto/filter"
+    """Trace EVENTS (the sendto of `workers` only) into the returned file when the block ends; every tracefs file
+    changed is set back as it was, each on its own, also when a later change or the block failed."""
+    events = [TRACING / "events" / event for event in EVENTS]
+    missing = [str(path) for path in (TRACING / "trace", *events) if not path.is_dir() and not path.is_file()]
+    if missing:
+        raise SystemExit(f"delay_line_path: no {', '.join(missing)} (root and a kernel with tracefs and these events)")
     out = Path(f"/tmp/{PREFIX}trace-{os.getpid()}.txt")
-    try:
-        (TRACING / "tracing_on").write_text("0")
-        (TRACING / "trace_clock").write_text("mono")  # clears the buffer
-        (TRACING / "buffer_size_kb").write_text("16384")
-        sendto_filter.write_text(" || ".join(f"common_pid == {pid}" for pid in workers))
-        for event in EVENTS:
-            (TRACING / "events" / event / "enable").write_text("1")
-        (TRACING / "tracing_on").write_text("1")
+    with contextlib.ExitStack() as undo:
+        undo.callback(_restore, TRACING / "trace", "")  # last: the buffer emptied
+
+        def change(path: Path, value: str) -> None:
+            old = path.read_text()
+            path.write_text(value)
+            undo.callback(_restore, path, old)
+
+        change(TRACING / "tracing_on", "0")
+        change(TRACING / "trace_clock", "mono")  # clears the buffer
+        change(TRACING / "buffer_size_kb", "16384")
+        change(TRACING / "events/syscalls/sys_enter_sendto/filter",
+               " || ".join(f"common_pid == {pid}" for pid in workers) or "0")
+        for event in events:
+            change(event / "enable", "1")
+        change(TRACING / "tracing_on", "1")
         yield out
         (TRACING / "tracing_on").write_text("0")
         out.write_text((TRACING / "trace").read_text())  # before the clock is set back: that clears the buffer
-    finally:
-        (TRACING / "tracing_on").write_text("0")
-        for event in EVENTS:
-            (TRACING / "events" / event / "enable").write_text("0")
-        sendto_filter.write_text("0")
-        (TRACING / "trace_clock").write_text(clock.group(1) if clock else "local")
-        (TRACING / "buffer_size_kb").write_text(kept["buffer_size_kb"].split()[0])
-        (TRACING / "trace").write_text("")
-        (TRACING / "tracing_on").write_text(kept["tracing_on"].strip())
 
 
 def crossings(text: str, latency_s: float) -> dict[str, list[float]]:

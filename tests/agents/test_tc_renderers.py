@@ -247,16 +247,35 @@ def test_a_renderer_that_drifts_is_caught(monkeypatch):
 
 # --- as root: the trees the kernel builds from each --------------------------------------------------------------
 
-def _batch(ns: str, tool: str, lines: list[tuple[str, list[str]]]) -> None:
+def _batch(ns: str, tool: str, lines: list[tuple[str, list[str]]],
+           setup: list[tuple[str, list[str]]] | None = None) -> None:
     """Run every (case, argv) line with one `ip`/`tc -batch` process in `ns`: a process per line took 0.6 s apiece
-    inside user-mode Linux (314 s for this file's netem cases). A failed line names its case."""
-    assert all(argv[0] == tool and not any(" " in word or not word for word in argv) for _, argv in lines)
+    inside user-mode Linux (314 s for this file's netem cases). A failed line names its case: by the line number the
+    tool prints, or (an argument it refuses ends it without one) by replaying the lines one process each in a
+    namespace of its own, after `setup` (the lines that make their devices)."""
+    malformed = [argv for _, argv in lines if argv[0] != tool or any(" " in word or not word for word in argv)]
+    assert not malformed, f"not {tool} lines of plain words, as -batch reads them: {malformed[:3]}"
     text = "".join(shlex.join(argv[1:]) + "\n" for _, argv in lines)
     proc = subprocess.run([tool, "-n", ns, "-batch", "-"], input=text, capture_output=True, text=True, timeout=300)
-    failed = re.search(r"-:(\d+)", proc.stderr)
-    where = lines[int(failed.group(1)) - 1] if failed and int(failed.group(1)) <= len(lines) else None
-    assert proc.returncode == 0, (f"{tool} in {ns}: {proc.stderr.strip()}"
-                                  + (f" ({where[0]}: {shlex.join(where[1])})" if where else ""))
+    if proc.returncode == 0:
+        return
+    failed = re.search(r"Command failed -:(\d+)", proc.stderr)
+    where = lines[int(failed.group(1)) - 1] if failed and int(failed.group(1)) <= len(lines) else _first_failing(
+        f"{ns}-replay", tool, lines, setup)
+    raise AssertionError(f"{tool} in {ns}: {proc.stderr.strip()}"
+                         + (f" ({where[0]}: {shlex.join(where[1])})" if where else ""))
+
+
+def _first_failing(ns: str, tool: str, lines: list[tuple[str, list[str]]],
+                   setup: list[tuple[str, list[str]]] | None) -> tuple[str, list[str]] | None:
+    """The first of `lines` that fails when each runs as a process of its own in a new namespace `ns` (removed)."""
+    with namespaces(ns, 1) as (scratch,):
+        if setup:
+            _batch(scratch, "ip", setup)
+        for name, argv in lines:
+            if subprocess.run([tool, "-n", scratch, *argv[1:]], capture_output=True, timeout=30).returncode != 0:
+                return name, argv
+    return None
 
 
 @contextmanager
@@ -319,7 +338,8 @@ def applied_trees(prefix: str, shaper: Shaper) -> Iterator[tuple[str, dict, dict
                               ["ip", "link", "set", dev, "up"])]
         for ns in (by_tc, by_netlink):
             _batch(ns, "ip", links)
-        _batch(by_tc, "tc", [(case.name, line) for case, dev in zip(all_cases, devs) for line in case.argv(dev)])
+        _batch(by_tc, "tc", [(case.name, line) for case, dev in zip(all_cases, devs) for line in case.argv(dev)],
+               links)
         for case, dev in zip(all_cases, devs):
             link = handle.link_lookup(ifname=dev)[0]
             for obj in ((case.root,) if case.root else ()) + case.shaping.tc:

@@ -44,7 +44,7 @@ class Direction:
         self.last_due = 0.0
         self.late: dict[int, int] = {}  # residual bucket -> packets that went on their way that late
         self.released = 0
-        self.warmed = 0  # releases whose verdict's path was warmed first (the worker's, after a sleep)
+        self.warmed = 0  # warm-ups before a release: verdicts that accepted nothing (the worker's, after a sleep)
         self.compensate = True  # False: aim at the due time itself (what the delay line did before)
         self.compensation = compensation  # seconds before its due time a packet is aimed at
         self.path: deque[float] = deque(maxlen=SAMPLES)  # on its way - aim, for packets it waited for
@@ -129,6 +129,12 @@ class Direction:
     def next_due(self) -> float | None:
         """When the head packet is aimed to leave (its due time less the compensation)."""
         return self.fifo[self.head][0] if self.head < len(self.fifo) else None
+
+    def before_head(self) -> int:
+        """The packet id just below the head's, for a verdict that accepts nothing: every packet still in the kernel
+        is the head or after it. (Not 0: the kernel compares ids modulo 2**32, so once a queue has numbered 2**31
+        packets, a verdict up to 0 would accept every held packet.) Only while a packet is held."""
+        return (self.fifo[self.head][2] - 1) & 0xFFFFFFFF
 
     def figures(self) -> dict:
         """What the stats file says of this direction beside the histogram: the path's figures, in ms."""

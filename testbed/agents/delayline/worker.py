@@ -20,9 +20,9 @@ all the time and reads it at every wake-up (bench/link_fidelity.py compares both
 earlier revision).
 
 A verdict after a sleep is slow: its code, Python's and the kernel's, has gone cold, and the packet left the
-gateway 16-20 us after its due time where an unshaped gateway crossing takes 3-4 (bench/delay_line_path.py, the
-kernel's trace). So a wake-up for a release first sends a verdict that accepts nothing, 40 us before the real one:
-the packet then leaves 6-7 us after its due time. $TESTBED_DELAY_LINE_WARM set to 0 does not."""
+gateway 18 us after its due time where an unshaped gateway crossing takes 3 (bench/delay_line_path.py, the kernel's
+trace). So a wake-up for a release (EARLY_WAKE ahead of it) first sends a verdict that accepts nothing, 20-40 us
+before the real one: the packet then leaves 9 us after its due time. $TESTBED_DELAY_LINE_WARM set to 0 does not."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ STARTUP_TRIES, STARTUP_AHEAD = 31, 300e-6  # the path measured at start: tries, 
 def _stats_text(by_key: dict[str, Direction], sched: str) -> str:
     cpu = time.process_time()  # the worker's CPU seconds so far, user and system (the kernel carrying units on)
     return json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
-        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "warmed": line.warmed, "late": line.late,
-              "worker_cpu_s": cpu, **line.figures()} for key, line in by_key.items()}})
+        key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "warmed": line.warmed,
+              "late": line.late, "worker_cpu_s": cpu, **line.figures()} for key, line in by_key.items()}})
 
 
 def soonest(directions: dict[int, Direction]) -> float:
@@ -209,5 +209,6 @@ def worker(config_path: str) -> int:
             time.sleep(end - now)  # cheaper than an empty select(), as precise (timer slack 1 ns)
         if warm and end == wake - EARLY_WAKE and time.time() >= end:  # woke for a release, not for an arrival: the
             # verdict's path, cold after a sleep, warmed (not at every arrival a watched sleep ends on)
-            sock.accept_up_to(head, 0)  # accepts nothing (ids start at 1); the kernel's answer is read and skipped
-            directions[head].warmed += 1
+            held = directions[head]
+            sock.accept_up_to(head, held.before_head())  # accepts nothing; the kernel's answer is read and skipped
+            held.warmed += 1

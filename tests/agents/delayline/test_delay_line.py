@@ -21,6 +21,18 @@ def test_every_packet_is_due_its_latency_after_it_arrived():
     assert line.release(100.2) is None
 
 
+@pytest.mark.parametrize(("first", "below"), [(1, 0), (2**31 + 5, 2**31 + 4), (0, 2**32 - 1)])
+def test_a_verdict_that_accepts_nothing_names_the_id_just_below_the_head(first, below):
+    """The kernel accepts every held id that is not after the verdict's, modulo 2**32: one below the head is
+    before every held packet, where 0 would be after those from 2**31 on and accept them."""
+    line = Direction(0, 0.010, 0.0, 0.0, random.Random(1))
+    for offset, arrival in enumerate([100.0, 100.001]):
+        line.admit((first + offset) & 0xFFFFFFFF, arrival)
+    assert line.before_head() == below
+    assert line.release(100.0105) == first  # the head moves on to the next packet
+    assert line.before_head() == first
+
+
 def test_jitter_is_uniform_and_never_reorders():
     line = Direction(0, 0.020, 0.005, 0.0, random.Random(7))
     arrivals = [i * 0.05 for i in range(4000)]  # far apart: order never binds, the law shows as drawn
