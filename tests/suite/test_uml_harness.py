@@ -33,9 +33,13 @@ def test_a_checkout_under_tmp_is_bound_back_at_its_own_path(tmp_path, monkeypatc
     """UML covers /tmp, /run and /dev/shm with tmpfs: what the command needs there is bound back (spaces kept)."""
     checkout = Path("/tmp/a b/check out")
     monkeypatch.setattr(harness, "CHECKOUT", checkout)
+    monkeypatch.setattr(sys, "prefix", "/opt/venv")  # wherever this run's own interpreter is (a clone under /tmp)
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
     assert harness.kept_visible(checkout / "tests") == [checkout]  # the checkout holds the cwd: one bind
     monkeypatch.setattr(harness, "CHECKOUT", Path("/work/main"))
     assert harness.kept_visible(Path("/work/main")) == []
+    monkeypatch.setattr(sys, "prefix", "/tmp/clone/.venv")  # an interpreter under /tmp is bound back too
+    assert harness.kept_visible(Path("/work/main")) == [Path("/tmp/clone/.venv")]
     before, after = harness.bind_lines([checkout], tmp_path)
     assert before == f"mount --bind /tmp {tmp_path}/host-0" and (tmp_path / "host-0").is_dir()
     assert after == (f"mkdir -p '/tmp/a b/check out' && mount --bind '{tmp_path}/host-0/a b/check out' "
