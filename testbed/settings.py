@@ -2,6 +2,8 @@
 
 Standard library only: the CLI, the backends, the plans and the agents read it (agents never import fabric)."""
 
+import os
+
 PREFIX = "TESTBED_PREFIX"  # name prefix of every kernel object (`--prefix`)
 STATE_DIR = "TESTBED_STATE_DIR"  # where state files live (testbed.fabric.state; a DC router's, in its container)
 LOG_DIR = "TESTBED_LOG_DIR"  # where an unexpected failure's traceback is written (testbed.cli)
@@ -15,3 +17,8 @@ DELAY_LINE_BATCH = "TESTBED_DELAY_LINE_BATCH"  # 0: the delay line watches its q
 DELAY_LINE_WARM = "TESTBED_DELAY_LINE_WARM"  # 0: the delay line does not warm its verdict's path before a release
 GSO = "TESTBED_GSO"  # 0: the netns fabric leaves every interface's GSO size at the kernel's 64 KiB (plan/gso.py)
 PROBE_RT = "TESTBED_PROBE_RT"  # 0: the probe agent's pinger runs without SCHED_FIFO (testbed.agents.probe)
+
+
+def switched_on(name: str) -> bool:
+    """Whether the switch variable `name` leaves its behaviour on: every switch here is on unless set to 0."""
+    return os.environ.get(name, "1") != "0"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
+from testbed import settings
+
 
 def fifo(switch: str, priority: int) -> str:
     """SCHED_FIFO at `priority` for the calling thread unless $`switch` is 0; what it runs as ('fifo' or 'other')."""
-    if os.environ.get(switch, "1") == "0":
+    if not settings.switched_on(switch):
         return "other"
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))

@@ -137,7 +137,7 @@ def worker(config_path: str) -> int:
         return KERNEL_LACKS
     sched = fifo(RT_ENV, RT_PRIORITY)  # the figures say what ran
     rng = random.Random()
-    compensate = os.environ.get(COMPENSATE_ENV, "1") != "0"
+    compensate = settings.switched_on(COMPENSATE_ENV)
     start = startup_path(sock, work[0].queue) if work and compensate else 0.0
     directions = {item.queue: Direction(item.queue, item.latency, item.jitter, item.loss, rng, start)
                   for item in work}
@@ -153,8 +153,8 @@ def worker(config_path: str) -> int:
     # the release loop never waits for the file system: when it wrote the stats itself, a busy disk held the packets
     # due meanwhile (a cell's delay line was late by 95 ms at most, its probe's p99 194 ms on a 40 ms round trip)
     stats = LatestWriter(files.stats, name="stats")
-    batch = os.environ.get(BATCH_ENV, "1") != "0"
-    warm = os.environ.get(WARM_ENV, "1") != "0"
+    batch = settings.switched_on(BATCH_ENV)
+    warm = settings.switched_on(WARM_ENV)
     lines = list(directions.values())
     watched = True  # whether the last sleep watched the queue (so a read's first packet samples the reaction)
     read_after = read_by = 0.0  # when the next read may come with a release's wake-up, and when it must come

@@ -111,7 +111,7 @@ class NetnsFabric(Fabric[NetworkPlan]):
                 if iface.address is not None:
                     ns.addr("add", index=index, address=iface.address)  # pyroute2 reads "address/prefixlen"
                 ns.link("set", index=index, state="up")
-            if plan.gso_max != KERNEL_DEFAULT and os.environ.get(settings.GSO, "1") != "0":
+            if plan.gso_max != KERNEL_DEFAULT and settings.switched_on(settings.GSO):
                 by_ns: dict[str, dict[str, int]] = {}
                 for (ns_name, ifname), index in indexes.items():
                     by_ns.setdefault(ns_name, {})[ifname] = index
