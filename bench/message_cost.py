@@ -10,6 +10,11 @@ together after a barrier); the table has the median over repetitions and what it
 
     .venv/bin/python bench/message_cost.py --shapes 4x8,4x16,4x32,1x32 --reps 10
     .venv/bin/python bench/message_cost.py --netns   # each rank in a node of a testbed, as bench/scale.py's (root)
+    .venv/bin/python bench/message_cost.py --shapes 4x2,1x8,4x8,1x32,2x32,4x16,4x32 --calibration CALIBRATION.json
+
+It prints the two constants the cost model's host CPU bound takes (testbed.model.host: core-seconds per message and
+per byte, fitted by least squares over the shapes whose ranks outnumber the cores); --calibration writes them, with
+the shapes they came from, into a calibration file's `host_cpu` field (its other fields unchanged).
 
 With --netns the ranks run in the nodes of a testbed of DCs x ranks nodes (the netns backend; the DCs' links 0 ms,
 so the delay line has nothing to do): the same exchanges through each node's veth and its DC's bridge.
@@ -32,6 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from testbed.model.calibration import load_calibration
+from testbed.model.host import fit_host_cpu, shape_load
 from testbed.workload.local import free_port
 
 PREFIX = "tb-msg-"
@@ -104,10 +111,10 @@ def measure(dcs: int, group_size: int, reps: int, elements: int, netns: bool = F
         wall = time.monotonic() - start
         per_rank = [json.loads(path.read_text()) for path in Path(out).glob("*.json")]
     phase = statistics.median(max(times[i] for times in per_rank) for i in range(reps))
-    messages = dcs * 2 * group_size * (group_size - 1)
+    messages, nbytes = shape_load(dcs, group_size, elements)  # DCs x 2g(g-1) messages
     cores = os.cpu_count() or 1
     return {"DCs x ranks": f"{dcs}x{group_size}", "ranks": dcs * group_size, "messages": messages,
-            "phase s (median)": phase, "ms of a core per message": phase * cores / messages * 1e3,
+            "MB": nbytes / 1e6, "phase s (median)": phase, "ms of a core per message": phase * cores / messages * 1e3,
             "whole run s": wall}
 
 
@@ -117,6 +124,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--elements", type=int, default=ELEMENTS)
     parser.add_argument("--netns", action="store_true", help="each rank in a node of a testbed (root)")
+    parser.add_argument("--calibration", type=Path, help="write the fitted host CPU constants into this calibration "
+                                                          "file's host_cpu field")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # one rank of --netns, run in its node
     parser.add_argument("--master", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -132,9 +141,28 @@ def main(argv: list[str]) -> int:
         rows.append({"ranks in": "nodes" if args.netns else "this namespace",
                      **measure(dcs, group_size, args.reps, args.elements, args.netns)})
         print(f"done {shape}", file=sys.stderr, flush=True)
-    print(f"{os.cpu_count()} cores, {args.elements} floats a gradient, {args.reps} repetitions, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    when = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    cores = os.cpu_count() or 1
+    print(f"{cores} cores, {args.elements} floats a gradient, {args.reps} repetitions, {when}")
     print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g"))
+    shapes = [{"shape": row["DCs x ranks"], "ranks": row["ranks"], "messages": row["messages"],
+               "bytes": round(row["MB"] * 1e6), "phase_s": row["phase s (median)"]} for row in rows]
+    try:
+        host = fit_host_cpu(shapes, cores, {
+            "command": "bench/message_cost.py " + " ".join(argv), "measured": when,
+            "ranks in": rows[0]["ranks in"], "elements": args.elements, "reps": args.reps})
+    except ValueError as error:  # no shape outnumbers the cores
+        print(f"no host CPU constants: {error}")
+        return 0 if not args.calibration else 1
+    print(f"host CPU bound: {host.message_core_s * 1e3:.4f} ms of a core a message, "
+          f"{host.byte_core_s * 1e9:.3f} ms of a core a MB ({cores} cores; least squares over the shapes of more "
+          f"than {cores} ranks)")
+    if args.calibration:  # its other fields as they are (a calibration file's JSON, testbed.model.calibration)
+        load_calibration(args.calibration)  # CalibrationError: not a calibration
+        data = json.loads(args.calibration.read_text())
+        data["host_cpu"] = host.to_dict()
+        args.calibration.write_text(json.dumps(data, indent=1))
+        print(f"written to {args.calibration} (host_cpu)")
     return 0
 
 

@@ -30,6 +30,7 @@ from testbed.model.collectives import (
     notify,
     transfer,
 )
+from testbed.model.host import HostCpu
 from testbed.model.network import Network, build_network
 from testbed.model.transport import Connections, Transport
 from testbed.spec.topology import Topology
@@ -68,6 +69,10 @@ class Calibration:
     fit: dict[str, Any] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)  # topology, links, probe, machine, date
+    # what a message costs the machine's CPU when its ranks outnumber its cores (testbed.model.host), measured
+    # apart by bench/message_cost.py --calibration FILE; None in calibrations `testbed calibrate` writes (its
+    # micro-benchmark does not outnumber the cores) and in those from before 2026-11-29: no such bound then
+    host_cpu: HostCpu | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -90,10 +95,23 @@ class Calibration:
                 return profile.optimizer_seconds[optimizer]
         return None
 
+    def host_cpu_term(self) -> HostCpu | None:
+        """The host CPU bound for predictions with this calibration: its `host_cpu`, where that was measured on a
+        machine of the calibration's own core count (source host_cpus; a measurement of another machine does not
+        apply), else None."""
+        host = self.host_cpu
+        cpus = self.source.get("host_cpus")
+        if host is None or (cpus is not None and int(cpus) != host.cores):
+            return None
+        return host
+
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "transport": self.transport.to_dict(),
-                "compute": [vars(p) for p in self.compute], "fit": self.fit, "samples": self.samples,
-                "source": self.source}
+        out = {"format": FORMAT, "transport": self.transport.to_dict(),
+               "compute": [vars(p) for p in self.compute], "fit": self.fit, "samples": self.samples,
+               "source": self.source}
+        if self.host_cpu is not None:
+            out["host_cpu"] = self.host_cpu.to_dict()
+        return out
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +134,12 @@ def load_calibration(path: str | Path) -> Calibration:
         compute = [ComputeProfile(**item) for item in data.get("compute", [])]
     except (KeyError, TypeError) as error:
         raise CalibrationError(f"{path}: transport/compute: malformed ({error})") from None
-    return Calibration(transport, compute, data.get("fit", {}), data.get("samples", []), data.get("source", {}))
+    try:
+        host = HostCpu.from_dict(data["host_cpu"]) if data.get("host_cpu") is not None else None
+    except (KeyError, TypeError, ValueError) as error:
+        raise CalibrationError(f"{path}: host_cpu: malformed ({error})") from None
+    return Calibration(transport, compute, data.get("fit", {}), data.get("samples", []), data.get("source", {}),
+                       host)
 
 
 # --- the reference calibrations shipped in the package ----------------------------------------------------------

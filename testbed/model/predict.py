@@ -113,7 +113,8 @@ def predict_cell(topology: Topology, cell: Cell | Mapping[str, Any], calibration
     compute, overhead = measured or (compute_seconds(opts, calibration),
                                      step_overhead_seconds(opts, network, calibration))
     transport = replace(calibration.transport, gso_max=gso_max_bytes(topology))  # as the fabric sets it at `up`
-    model = CellModel(opts, network, transport, compute, warmup_steps, link_rtt(data["links"]), overhead)
+    model = CellModel(opts, network, transport, compute, warmup_steps, link_rtt(data["links"]), overhead,
+                      calibration.host_cpu_term())
     if measured:
         if warm_wall:
             model = warmup_overhead(model, warm_wall)

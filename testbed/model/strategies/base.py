@@ -16,6 +16,7 @@ from testbed.model.collectives import (
     gloo_segments,
     p2p_link_bytes,
 )
+from testbed.model.host import HostCpu
 from testbed.model.network import Network
 from testbed.model.transport import Transport
 from testbed.spec.strategies import Options
@@ -34,6 +35,8 @@ class CellModel:
     warmup_steps: int = 0
     link_rtt_s: float = 0.0  # what the runner tells the overlap schedule (largest configured inter-DC RTT)
     step_overhead_s: float = 0.0  # per step besides compute and communication (optimizer, bookkeeping)
+    host_cpu: HostCpu | None = None  # the machine's CPU per message where its ranks outnumber its cores
+    # (testbed.model.host; Calibration.host_cpu_term): a bound on the phases every DC runs at once; None: none
 
     @property
     def measured_steps(self) -> range:
