@@ -1,14 +1,16 @@
 """Link fidelity: RTT error (p50/p99) idle and under load, goodput vs configured, delay-line CPU.
 
 RTT error is by the definition `testbed probe` uses (testbed.runner.fidelity): the measured round trip less the
-configured one less the floor, the mean of the two DCs' own unshaped round trips, measured in the same cell with the
-same pinger (east-1 -> east-0, west-1 -> west-0). With the userspace delay line, each point runs twice, one after
-the other: as it is, without the compensation of its own path ("userspace-delay uncompensated") and watching its
-queue all the time ("userspace-delay unbatched": two wake-ups a packet, its CPU before the change), so the table
-shows what each change buys; the delay line's own figures (what it measured of its path, the residual it still
-adds) come beside. `--before REV` runs, beside them, the delay line's code as it was at git revision REV (the
-testbed package of that revision, exported to a temporary directory, is what its processes import): a change that
-no switch undoes is measured against the code before it in the same run.
+configured one less the floor, measured in the same cell with the same pinger at the same time: the same path
+unshaped (east-0 -> west-0, pings marked to skip the delay line) where the delay line shapes the link, the mean of
+the two DCs' own round trips (east-1 -> east-0, west-1 -> west-0) under netem; the DCs' own come beside either. With
+the userspace delay line, each point runs twice, one after the other: as it is, without the compensation of its own
+path ("userspace-delay uncompensated") and watching its queue all the time ("userspace-delay unbatched": two
+wake-ups a packet, its CPU before the change), so the table shows what each change buys; the delay line's own figures
+(what it measured of its path, the residual it still adds) come beside. `--before REV` runs, beside them, the delay
+line's code as it was at git revision REV (the testbed package of that revision, exported to a temporary directory,
+is what its processes import): a change that no switch undoes is measured against the code before it in the same
+run.
 
 One-way delay {1, 5, 20, 50} ms x rate {100 Mbit, 1 Gbit, 2.5 Gbit}, for each shaper asked for (default: every
 shaper this kernel has: netem beside userspace-delay where sch_netem exists), in one run on one kernel.
@@ -51,8 +53,8 @@ from testbed.agents.delayline.release import lateness_delta, lateness_summary
 from testbed.fabric.lifecycle import bring_up, tear_down
 from testbed.fabric.netns.kernel import has_netem
 from testbed.fabric.state import state_dir
-from testbed.runner.fidelity import DEFINITION, pair_floor_ms, round_trip
-from testbed.runner.probe import PAYLOAD_PER_FRAME, floors_beside
+from testbed.runner.fidelity import DEFINITION, PATH, held_floor, pair_floor_ms, path_floor_measurable, round_trip
+from testbed.runner.probe import PAYLOAD_PER_FRAME, floors_beside, path_ends
 from testbed.spec import units
 from testbed.spec.topology import topology_from_data
 
@@ -129,7 +131,11 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
         server.stdout.readline()
         east.stdout.readline()
         ping_args = ["rtt", dst, "--port", str(PORT), "--count", str(pings), "--interval", "0.005"]
-        with floors_beside(testbed.fabric, testbed.plan, topology, DCS, pings=pings, interval=0.005) as floors:
+        # the same path unshaped, where the delay lines let marked pings through (an earlier revision's do not)
+        ends = path_ends(testbed.plan, topology, *DCS) + path_ends(testbed.plan, topology, *DCS[::-1])
+        path = ("east-0", dst) if variant != BEFORE and path_floor_measurable(ends) else None
+        with floors_beside(testbed.fabric, testbed.plan, topology, DCS, pings=pings, interval=0.005,
+                           path=path) as floors:
             idle = run_json(testbed, "east-0", ping_args, 120)["rtts"]
         flow = run_json(testbed, "east-0", ["send", dst, "--port", str(PORT), "--seconds", str(seconds)], 120)
         gateway = testbed.plan.delay_line_of("east->west")
@@ -142,7 +148,7 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
         cpu0, t0 = (cpu_seconds(worker), time.monotonic()) if worker else (float("nan"), time.monotonic())
         busy0, late0 = busy_seconds()[0], testbed.fabric.delay_line_stats()
         with floors_beside(testbed.fabric, testbed.plan, topology, DCS, pings=pings,
-                           interval=0.005) as floors_loaded:
+                           interval=0.005, path=path) as floors_loaded:
             loaded = run_json(testbed, "east-0", ping_args, 120)["rtts"]
         late1 = testbed.fabric.delay_line_stats()
         late = lateness_summary(lateness_delta(late0.get("east->west", {}), late1["east->west"])) \
@@ -158,11 +164,14 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
             proc.wait()
         tear_down(PREFIX)
 
-    floor = pair_floor_ms(*floors.values())
+    dc_floor = pair_floor_ms(*(floors[dc] for dc in DCS))
+    floor, _ = held_floor(floors.get(PATH), dc_floor)
     idle_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in idle])
-    loaded_trip = round_trip(rtt * 1e3, pair_floor_ms(*floors_loaded.values()), [value * 1e3 for value in loaded])
+    loaded_floor, _ = held_floor(floors_loaded.get(PATH), pair_floor_ms(*(floors_loaded[dc] for dc in DCS)))
+    loaded_trip = round_trip(rtt * 1e3, loaded_floor, [value * 1e3 for value in loaded])
     expected = rate_bps * PAYLOAD_PER_FRAME
-    return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate, "floor ms": floor,
+    return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate, "floor ms": floor, "DC floor ms": dc_floor,
+            "idle p50 err vs DC floor ms": idle_trip.p50_ms - rtt * 1e3 - dc_floor,
             "idle p50 err ms": idle_trip.error_ms, "idle p99 err ms": idle_trip.p99_ms - idle_trip.expected_ms,
             "idle p50 err %": idle_trip.error_ms / (rtt * 1e3) * 100 if rtt else float("nan"),
             "loaded p50 err ms": loaded_trip.error_ms, "loaded p99 err ms": loaded_trip.p99_ms - loaded_trip.expected_ms,
@@ -242,7 +251,9 @@ def report(args: argparse.Namespace, shapers: list[str], rows: list[dict]) -> No
     frame.insert(3, "reps", raw.groupby(keys, sort=False).size().values)
     print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
-    print(f"RTT error: {DEFINITION}")
+    print(f"RTT error: {DEFINITION}. \"floor ms\": the same path unshaped for the delay line (the DCs' own for "
+          f"netem and for an earlier revision's delay line, which delays every packet); \"DC floor ms\": the DCs' "
+          f"own, measured at the same time, and the idle error against it")
     if args.before:
         print(f"userspace-delay {BEFORE}: the delay line of revision {args.before}")
     args.out.mkdir(parents=True, exist_ok=True)

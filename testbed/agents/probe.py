@@ -7,6 +7,13 @@
   phase-lock with a round trip that is a multiple of it (each reply arrives as the next ping leaves) and read that
   coincidence, not the path (RFC 2330, 11.1). Here at 5 ms apart, a 5 ms link read +0.069 ms (median of 6) and
   +0.041 randomly spaced; 20 ms, +0.050 and +0.036; 1 ms (no multiple), 0.033 and 0.034 (2026-11-29, medians of 4-6).
+  A round trip is the network's: from just before the send to the kernel's receive time of the answer
+  (SO_TIMESTAMPNS, as iputils ping), less how long the echo held the ping, from its kernel's receive time to its
+  answer (TWAMP's turnaround, RFC 5357, appended to the answer). The wake-ups of two processes are then not in it:
+  they were, and a round trip of milliseconds, after which the pinger wakes from a halted vCPU, read more of them
+  than a DC's own 0.03 ms one (the DCs' own round trips read 0.05-0.09 ms with them, 0.02-0.03 without;
+  2026-11-29). `--dscp N` marks the pings, and the echo answers with the ping's mark: with UNSHAPED_DSCP
+  (testbed.plan.delayline) both cross the delay lines unshaped, the floor `testbed probe` holds a pair against.
 - send:  one TCP flow for N seconds; prints the sink's measurement.
 - pair:  rtt, then (with --seconds above 0) send, from one process: {"rtt": ..., "flow": ... or null}. A probe
   of a DC pair is one start of this agent (a docker exec, a command over ssh, ~1 s in user-mode Linux).
@@ -32,7 +39,12 @@ import time
 from testbed import settings
 from testbed.agents.realtime import fifo
 
-PING = struct.Struct("!QQ")  # sequence, send time in ns
+PING = struct.Struct("!QQ")  # sequence, send time in ns (the realtime clock, as the kernel's receive time)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # asm-generic/socket.h; the module lacks the name
+TIMESPEC = struct.Struct("@qq")  # struct timespec on a 64-bit kernel: seconds, nanoseconds
+ANCILLARY_SPACE = socket.CMSG_SPACE(TIMESPEC.size) + socket.CMSG_SPACE(4)  # a receive time and a TOS byte
+TOS = struct.Struct("@i")  # IP_TOS as sendmsg's ancillary data takes it
+DWELL = struct.Struct("!Q")  # what an echo appends to a ping: ns from its kernel's receive time to its answer
 CHUNK = 256 * 1024
 RT_ENV, RT_PRIORITY = settings.PROBE_RT, 5  # the delay line's worker runs at 10: it must not wait for a probe
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
@@ -57,10 +69,19 @@ def realtime() -> str:
 
 
 def _udp_echo(sock: socket.socket) -> None:
+    """Answer every ping with itself and how long it stayed here (TWAMP's turnaround, RFC 5357): from the kernel's
+    receive time to just before the answer's send, the echo's own wake-up, which the pinger takes off."""
     realtime()  # this thread only: the TCP sink's threads stay ordinary
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
     while True:
-        data, peer = sock.recvfrom(2048)
-        sock.sendto(data, peer)
+        data, ancillary, _, peer = sock.recvmsg(2048, ANCILLARY_SPACE)
+        received, tos = arrival_ns(ancillary), tos_of(ancillary)
+        if len(data) == PING.size:
+            dwell = time.time_ns() - received if received is not None else 0
+            data += DWELL.pack(max(0, dwell))
+        # the answer carries the ping's TOS: a ping marked to skip the shaping (UNSHAPED_DSCP) comes back unshaped
+        sock.sendmsg([data], [(socket.IPPROTO_IP, socket.IP_TOS, TOS.pack(tos))] if tos else [], 0, peer)
 
 
 def _received(conn: socket.socket, read: int) -> int:
@@ -133,9 +154,30 @@ def serve(port: int, warmup: float) -> None:
 SPREAD = 0.5  # a gap between two pings is the interval times U(1 - SPREAD, 1 + SPREAD)
 
 
-def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> dict:
+def arrival_ns(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """When the kernel received a datagram (ns, the realtime clock), from recvmsg's ancillary data with
+    SO_TIMESTAMPNS on; None where it is not there."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            seconds, nanoseconds = TIMESPEC.unpack_from(data)
+            return seconds * 1_000_000_000 + nanoseconds
+    return None
+
+
+def tos_of(ancillary: list[tuple[int, int, bytes]]) -> int:
+    """A datagram's IP TOS byte, from recvmsg's ancillary data with IP_RECVTOS on (0 where it is not there)."""
+    for level, kind, data in ancillary:
+        if level == socket.IPPROTO_IP and kind == socket.IP_TOS and data:
+            return data[0]
+    return 0
+
+
+def rtt(target: str, port: int, count: int, interval: float, timeout: float, dscp: int = 0) -> dict:
     scheduling = realtime()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    if dscp:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
     sock.connect((target, port))
     sent: dict[int, int] = {}
     rtts: list[float] = []
@@ -147,7 +189,7 @@ def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> 
     while True:
         now = time.monotonic()
         if seq < count and now >= next_send:
-            stamp = time.perf_counter_ns()
+            stamp = time.time_ns()
             sock.send(PING.pack(seq, stamp))
             sent[seq] = stamp
             seq += 1
@@ -158,14 +200,15 @@ def rtt(target: str, port: int, count: int, interval: float, timeout: float) -> 
         wait = max(0.0, min(next_send - time.monotonic(), 0.05)) if seq < count else 0.05
         sock.settimeout(wait if wait > 0 else 1e-4)
         try:
-            data = sock.recv(64)
+            data, ancillary, _, _ = sock.recvmsg(64, ANCILLARY_SPACE)
         except (TimeoutError, BlockingIOError):
             continue
-        arrival = time.perf_counter_ns()
+        arrival = arrival_ns(ancillary) or time.time_ns()
         number, stamp = PING.unpack(data[: PING.size])
+        dwell = DWELL.unpack_from(data, PING.size)[0] if len(data) >= PING.size + DWELL.size else 0
         if number in sent and number not in received and stamp == sent[number]:
             received.add(number)
-            rtts.append((arrival - stamp) / 1e9)
+            rtts.append((arrival - stamp - dwell) / 1e9)
     return {"sent": count, "received": len(received), "rtts": rtts, "lost": sorted(set(range(count)) - received),
             "scheduling": scheduling}
 
@@ -200,6 +243,7 @@ def _pinger_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.01)
     parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--dscp", type=int, default=0, help="mark the pings (and their answers) with this DSCP")
 
 
 def main(argv: list[str]) -> int:
@@ -222,11 +266,11 @@ def main(argv: list[str]) -> int:
         serve(args.port, args.warmup)
         return 0
     if args.cmd == "rtt":
-        result = rtt(args.target, args.port, args.count, args.interval, args.timeout)
+        result = rtt(args.target, args.port, args.count, args.interval, args.timeout, args.dscp)
     elif args.cmd == "send":
         result = send(args.target, args.port, args.seconds, args.pace)
     else:
-        result = {"rtt": rtt(args.target, args.port, args.count, args.interval, args.timeout),
+        result = {"rtt": rtt(args.target, args.port, args.count, args.interval, args.timeout, args.dscp),
                   "flow": send(args.target, args.port, args.seconds) if args.seconds > 0 else None}
     print(json.dumps(result), flush=True)
     return 0

@@ -153,7 +153,7 @@ def probe_table(records: list[dict], info: dict) -> Table:
     for r in records:
         table.add_row(
             f"{r['src']} -> {r['dst']}", _fmt(r["rtt_configured_ms"], ".3f", " ms"),
-            _fmt(r["rtt_applied_ms"], ".3f", " ms"), _fmt(r.get("rtt_floor_ms"), ".3f", " ms"),
+            _fmt(r["rtt_applied_ms"], ".3f", " ms"), _floor(r),
             _fmt(r["rtt_p50_ms"], ".3f", " ms"),
             _fmt(r["rtt_p99_ms"], ".3f", " ms"), _fmt(r["rtt_p50_error_ms"], "+.3f", " ms"),
             _fmt(r.get("delay_line_residual_ms"), "+.3f", " ms") + (f" ({r['delay_line_note']})"
@@ -163,6 +163,15 @@ def probe_table(records: list[dict], info: dict) -> Table:
             _fmt(r["goodput_mbps"], ",.1f", " Mbit/s") + _retransmits(r.get("flow_retransmits")),
             _fmt(r["goodput_error"] and r["goodput_error"] * 100, "+.1f", "%"), r["not_applied"] or "-")
     return table
+
+
+def _floor(record: dict) -> str:
+    """The floor a pair is held against and what it is: "(path)", the same path unshaped, with the DCs' own beside
+    it; "(DCs)", their own round trips (netem)."""
+    floor = _fmt(record.get("rtt_floor_ms"), ".3f", " ms")
+    if record.get("rtt_floor_of") == "path":
+        return f"{floor} (path; DCs {_fmt(record.get('rtt_dc_floor_ms'), '.3f')})"
+    return f"{floor} (DCs)" if record.get("rtt_floor_of") == "dcs" else floor
 
 
 def _retransmits(count: int | None) -> str:

@@ -10,6 +10,10 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 DELAY_LINE_QUEUE_MIN = 4096  # packets a delay-line queue holds at least (NFQUEUE's own default is 1024)
+# Packets marked with this DSCP skip the delay line: `testbed probe` pings the same path with them, beside the
+# shaped pings, for what the path takes unshaped (testbed.runner.fidelity). 63 is unassigned (RFC 2474's pool 2,
+# experimental or local use) and nothing testbed runs marks its traffic.
+UNSHAPED_DSCP = 63
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,13 @@ class DelayDirection:
                               self.sources, self.comment)
 
     def rule(self) -> list[str]:
-        """The iptables arguments that send this direction's packets to its queue (no --queue-bypass: a dead
-        delay line darkens the link rather than leave it silently undelayed)."""
+        """The iptables arguments that send this direction's packets to its queue, all but those marked
+        UNSHAPED_DSCP (no --queue-bypass: a dead delay line darkens the link rather than leave it silently
+        undelayed)."""
         rule = ["-t", "mangle", "-A", "PREROUTING", "-i", self.ifname]
         if self.sources:
             rule += ["-s", ",".join(self.sources)]
+        rule += ["-m", "dscp", "!", "--dscp", str(UNSHAPED_DSCP)]
         if self.comment:
             rule += ["-m", "comment", "--comment", self.comment]
         return [*rule, "-j", "NFQUEUE", "--queue-num", str(self.queue)]

@@ -1,12 +1,20 @@
 """What "a link's round trip is right" means, once, for `testbed probe` and bench/link_fidelity.py alike.
 
-A DC pair's round trip is held against the round trip its links apply plus the unshaped round trip of the path:
-each DC's own round trip (node to node inside it, with the same pinger) is what the machine takes to carry a
-packet with no link in the way, and a pair's floor is the mean of its two DCs' (the round trip crosses each DC's
-access path once each way). The floors are measured at the same time as the pair's pings, by pingers of their own
-(testbed.runner.probe.floors_beside): what the machine takes moves with its load (a vCPU that idles wakes up
-slower than a busy one), and a floor measured a few seconds earlier missed that by up to 0.2 ms here (CHANGELOG,
+A DC pair's round trip is held against the round trip its links apply plus the floor, what the same path takes
+unshaped. Where every link end on the round trip that delays anything is a userspace delay line, the floor is that
+path itself: pings marked UNSHAPED_DSCP (testbed.plan.delayline), which the delay lines let through, from the same
+node to the same node, with the same pinger. So the error is what the delay lines add beyond their configured delay
+and nothing else: the gateways a packet crosses between DCs (0.01-0.03 ms a round trip here) are in both. Netem
+delays every packet, marked or not: there the floor is the mean of the two DCs' own round trips (node to node
+inside each DC; a pair's round trip crosses each DC's access path once each way), which leaves the gateways in the
+error. Either floor is measured at the same time as the pair's pings, by pingers of their own
+(testbed.runner.probe.floors_beside): what the machine takes moves with its load (a vCPU that idles wakes up slower
+than a busy one), and a floor measured a few seconds earlier missed that by up to 0.2 ms here (CHANGELOG,
 2026-11-29). The error is the measured median less that.
+
+A round trip is timed as the network's: from the pinger's send to its kernel's receive time of the answer, less
+how long the echo held the ping (TWAMP's turnaround, RFC 5357), so the pinger's and the echo's wake-ups are not in
+it (testbed.agents.probe).
 """
 
 from __future__ import annotations
@@ -14,9 +22,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-DEFINITION = ("error = measured RTT median - (applied RTT + floor); floor = the mean of the two DCs' own unshaped "
-              "round trips (node to node inside each DC, same pinger, measured at the same time as the pair's pings); "
-              "pings randomly spaced around their interval")
+from testbed.plan.view import LinkEnd
+
+DEFINITION = ("error = measured RTT median - (applied RTT + floor); floor = the same path's unshaped round trip "
+              "(pings the delay lines let through, same nodes, same pinger, at the same time as the pair's pings), "
+              "or under netem the mean of the two DCs' own round trips; a round trip is the network's (kernel "
+              "receive time, less the echo's turnaround); pings randomly spaced around their interval")
+PATH, DCS = "path", "dcs"  # what a floor is: the same path unshaped, or the two DCs' own round trips
 
 
 @dataclass(frozen=True)
@@ -24,7 +36,7 @@ class RoundTrip:
     """One measured round trip against what it should be (ms)."""
 
     applied_ms: float  # the latency of every link end on the round trip that a running mechanism delays
-    floor_ms: float | None  # the unshaped round trip of the pair's two DCs (None: not measured)
+    floor_ms: float | None  # the unshaped round trip it is held against (held_floor; None: not measured)
     expected_ms: float  # applied + floor
     p50_ms: float | None
     p99_ms: float | None
@@ -41,6 +53,19 @@ def pair_floor_ms(src_floor_ms: float | None, dst_floor_ms: float | None) -> flo
     """A pair's unshaped round trip: the mean of its two DCs' own (one of them where only one was measured)."""
     known = [value for value in (src_floor_ms, dst_floor_ms) if value is not None]
     return statistics.fmean(known) if known else None
+
+
+def path_floor_measurable(ends: list[LinkEnd]) -> bool:
+    """Whether pings marked UNSHAPED_DSCP cross these link ends unshaped: every end that delays anything (latency,
+    jitter or loss) is a userspace delay line's (netem delays every packet)."""
+    return all(end.shaping.delay_line is not None for end in ends
+               if end.shaping.params.latency > 0 or end.shaping.params.jitter > 0 or end.shaping.params.loss > 0)
+
+
+def held_floor(path_ms: float | None, dcs_ms: float | None) -> tuple[float | None, str]:
+    """The floor a pair is held against, and what it is: the same path's unshaped round trip where it was
+    measured, else the two DCs' own."""
+    return (path_ms, PATH) if path_ms is not None else (dcs_ms, DCS)
 
 
 def round_trip(applied_ms: float, floor_ms: float | None, rtts_ms: list[float]) -> RoundTrip:

@@ -4,10 +4,11 @@ Goodput is compared with what the configured rate can carry as TCP payload at MT
 frame on the veth carries 1448 bytes of payload (TCP with timestamps), so 95.6 % of the shaped rate.
 RTT is compared with what is *applied* (the configured latency of every link end on the round trip that a running
 mechanism delays: netem, or a live userspace delay line; the rest is reported as not applied) plus the pair's
-floor, its two DCs' own unshaped round trips measured at the same time as the pair's pings, by pingers of their
-own (testbed.runner.fidelity: the one definition, which bench/link_fidelity.py prints too). Where a userspace
-delay line serves the round trip, its own figures come along: what it still adds (residual) and the links whose
-delay is below what it can compensate.
+floor, what the same path takes unshaped (pings the delay lines let through), or under netem its two DCs' own round
+trips, measured at the same time as the pair's pings, by pingers of their own (testbed.runner.fidelity: the one
+definition, which bench/link_fidelity.py prints too); the DCs' own round trips are reported beside either. Where a
+userspace delay line serves the round trip, its own figures come along: what it still adds (residual) and the links
+whose delay is below what it can compensate.
 """
 
 from __future__ import annotations
@@ -26,9 +27,17 @@ from testbed.agents import probe as agent
 from testbed.agents.delayline.release import lateness_summary
 from testbed.fabric.base import Fabric
 from testbed.fabric.errors import FabricError
+from testbed.plan.delayline import UNSHAPED_DSCP
 from testbed.plan.network import LinkEnd, NetworkPlan, direction_key
 from testbed.plan.routing import shortest_paths
-from testbed.runner.fidelity import below_compensation, pair_floor_ms, round_trip
+from testbed.runner.fidelity import (
+    PATH,
+    below_compensation,
+    held_floor,
+    pair_floor_ms,
+    path_floor_measurable,
+    round_trip,
+)
 from testbed.spec.topology import Topology
 
 PAYLOAD_PER_FRAME = 1448 / 1514
@@ -42,7 +51,9 @@ class PairProbe:
     shaper: str
     rtt_configured_ms: float
     rtt_applied_ms: float
-    rtt_floor_ms: float | None  # the unshaped round trip of the pair's two DCs (testbed.runner.fidelity)
+    rtt_floor_ms: float | None  # the unshaped round trip it is held against (testbed.runner.fidelity)
+    rtt_floor_of: str  # what that floor is: "path" (the same path unshaped) or "dcs" (the two DCs' own)
+    rtt_dc_floor_ms: float | None  # the two DCs' own round trips (their mean), measured at the same time
     rtt_expected_ms: float  # applied + floor
     rtt_p50_ms: float | None
     rtt_p99_ms: float | None
@@ -128,10 +139,11 @@ def floor_node(plan: NetworkPlan, topology: Topology, dc: str) -> tuple[str, str
 
 @contextlib.contextmanager
 def floors_beside(fabric: Fabric, plan: NetworkPlan, topology: Topology, dcs: tuple[str, ...], *, pings: int,
-                  interval: float = 0.01) -> Iterator[dict[str, float | None]]:
+                  interval: float = 0.01, path: tuple[str, str] | None = None) -> Iterator[dict[str, float | None]]:
     """Each DC's own round trip while the `with` block measures something else: a pinger in each DC pings its node 0
     from the start of the block, for as long as the block's own `pings` take (testbed.runner.fidelity: a floor is
-    measured at the same time as what it is held against). When the block ends the dict holds each DC's median
+    measured at the same time as what it is held against); with `path` (pinger node, target address) also that
+    path unshaped, pings marked UNSHAPED_DSCP, under the key PATH. When the block ends the dict holds each median
     (ms; None where every ping was lost)."""
     started = {}
     out: dict[str, float | None] = {}
@@ -140,6 +152,11 @@ def floors_beside(fabric: Fabric, plan: NetworkPlan, topology: Topology, dcs: tu
             pinger, target = floor_node(plan, topology, dc)
             args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval)]
             started[dc] = (pinger, args, _start_agent(fabric, pinger, args))
+        if path is not None:
+            pinger, target = path
+            args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval),
+                    "--dscp", str(UNSHAPED_DSCP)]
+            started[PATH] = (pinger, args, _start_agent(fabric, pinger, args))
         yield out
         for dc, (pinger, args, proc) in started.items():
             rtts = _agent_answer(proc, pinger, args, timeout=120 + pings * interval * 2)["rtts"]
@@ -179,18 +196,21 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
     rates = [end.shaping.params.bandwidth for end in there if end.shaping.params.bandwidth is not None]
     rate = min(rates) if rates else None
     src_node, dst_node = plan.node(f"{src}-0"), plan.node(f"{dst}-0")
-    with floors_beside(fabric, plan, topology, (src, dst), pings=pings) as floors:
+    path = (src_node.name, dst_node.address) if path_floor_measurable(ends) else None
+    with floors_beside(fabric, plan, topology, (src, dst), pings=pings, path=path) as floors:
         measured = _run_agent(fabric, src_node.name, ["pair", dst_node.address, "--port", str(PORT), "--count",
                                                       str(pings), "--seconds", str(seconds)],
                               timeout=120 + pings * 0.05 + seconds)
     ping, flow = measured["rtt"], measured["flow"]
-    floor = pair_floor_ms(floors[src], floors[dst])
+    dcs_floor = pair_floor_ms(floors[src], floors[dst])
+    floor, floor_of = held_floor(floors.get(PATH), dcs_floor)
     trip = round_trip(applied_rtt * 1e3, floor, [value * 1e3 for value in ping["rtts"]])
     expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
     goodput = flow["goodput_bps"] if flow is not None else None
     return PairProbe(
         src=src, dst=dst, shaper=plan.shaper,
         rtt_configured_ms=configured * 1e3, rtt_applied_ms=trip.applied_ms, rtt_floor_ms=trip.floor_ms,
+        rtt_floor_of=floor_of, rtt_dc_floor_ms=dcs_floor,
         rtt_expected_ms=trip.expected_ms, rtt_p50_ms=trip.p50_ms, rtt_p99_ms=trip.p99_ms,
         rtt_p50_error_ms=trip.error_ms,
         pings=ping["sent"], ping_scheduling=ping.get("scheduling", "other"),

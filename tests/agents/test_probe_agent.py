@@ -19,6 +19,7 @@ import pytest
 
 from testbed.agents import probe
 from testbed.agents.delayline.worker import RT_PRIORITY as DELAY_LINE_PRIORITY
+from testbed.plan.delayline import UNSHAPED_DSCP
 from testbed.runner.probe import _flow_counters
 
 pytestmark = pytest.mark.root  # SCHED_FIFO needs CAP_SYS_NICE
@@ -136,3 +137,49 @@ def test_goodput_counts_bytes_where_the_kernel_received_them_not_when_a_stalled_
     assert figures["goodput_bps"] == pytest.approx(rate * 8, rel=1e-6)
     assert figures["window_seconds"] == pytest.approx(2.7 - 0.95)
     assert abs(figures["read_goodput_bps"] / (rate * 8) - 1) > 0.05, figures
+
+
+@pytest.mark.parametrize(("turnaround", "held"), [(True, False), (False, True)])
+def test_a_round_trip_leaves_out_how_long_the_echo_held_the_ping(turnaround, held):
+    """TWAMP's turnaround (RFC 5357): an echo that holds every ping 30 ms and says so in its answer reads as the
+    network alone (loopback: well under 5 ms); one that does not say so (an older echo) reads the 30 ms."""
+    echo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    echo.bind(("127.0.0.1", 0))
+
+    def answer() -> None:
+        for _ in range(5):
+            data, peer = echo.recvfrom(64)
+            time.sleep(0.03)
+            echo.sendto(data + (probe.DWELL.pack(30_000_000) if turnaround else b""), peer)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    pinger = _agent("rtt", "127.0.0.1", "--port", str(echo.getsockname()[1]), "--count", "5", "--interval", "0.05")
+    result = json.loads(pinger.communicate(timeout=60)[0])
+    thread.join(timeout=10)
+    echo.close()
+    assert result["received"] == 5, result
+    assert (statistics.median(result["rtts"]) >= 0.03) is held, result["rtts"]
+    assert all(value < 0.005 for value in result["rtts"]) is not held, result["rtts"]
+
+
+@pytest.mark.parametrize("tos", [0, 63 << 2])
+def test_the_echo_answers_with_the_pings_mark_and_how_long_it_held_it(tos):
+    """A ping marked UNSHAPED_DSCP must come back marked, or the answer is delayed on its way back (the probe's
+    floor would read one way shaped); the answer carries the echo's turnaround, from its kernel's receive time."""
+    server = _agent("serve", "--port", "5393")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert "ready" in server.stdout.readline()
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        sock.settimeout(10)
+        sock.sendto(probe.PING.pack(7, 1234), ("127.0.0.1", 5393))
+        data, ancillary, _, _ = sock.recvmsg(64, socket.CMSG_SPACE(4))
+    finally:
+        sock.close()
+        server.kill()
+        server.wait()
+    assert probe.PING.unpack_from(data) == (7, 1234) and len(data) == probe.PING.size + probe.DWELL.size
+    assert 0 <= probe.DWELL.unpack_from(data, probe.PING.size)[0] < 1e9  # ns, and not the epoch
+    assert probe.tos_of(ancillary) == tos and tos >> 2 in (0, UNSHAPED_DSCP)

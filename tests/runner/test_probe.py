@@ -1,7 +1,9 @@
-"""A pair's round trip is held against its two DCs' own round trips measured at the same time as its pings
-(testbed.runner.fidelity): each DC's floor pinger is running when the pair's pinger starts, and the floor is the
-mean of their medians. A floor measured seconds before the pair missed the machine's load by up to 0.2 ms
-(CHANGELOG, 2026-11-29). No root: a stand-in fabric runs each agent as a process that prints its answer."""
+"""A pair's round trip is held against a floor measured at the same time as its pings (testbed.runner.fidelity):
+under the userspace delay line the same path unshaped (pings marked UNSHAPED_DSCP, from the pair's own node to
+its target), under netem the mean of its two DCs' own round trips, which are measured beside either and reported.
+Every floor pinger is running when the pair's pinger starts. A floor measured seconds before the pair missed the
+machine's load by up to 0.2 ms (CHANGELOG, 2026-11-29). No root: a stand-in fabric runs each agent as a process
+that prints its answer."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import sys
 
 import pytest
 
+from testbed.plan.delayline import UNSHAPED_DSCP
 from testbed.plan.network import build_plan
-from testbed.runner.probe import probe_pair
+from testbed.runner.fidelity import path_floor_measurable
+from testbed.runner.probe import path_ends, probe_pair
 from tests.support.topologies import pair_topology
 
 FLOOR_RTTS = {"east": [0.0001, 0.0002, 0.0009], "west": [0.0003, 0.0004, 0.0005]}  # seconds; medians 0.2, 0.4 ms
 PAIR_RTTS = [0.0203, 0.0204, 0.0215]  # median 20.4 ms
+PATH_RTTS = [0.0005, 0.0006, 0.0001]  # the same path unshaped: median 0.5 ms
 
 
 class StandIn:
@@ -33,7 +38,8 @@ class StandIn:
         command = argv[3]
         self.started.append((node, command))
         if command == "rtt":
-            answer, delay = {"sent": 3, "received": 3, "rtts": FLOOR_RTTS[self.dc_of[node]]}, 1.0
+            rtts = PATH_RTTS if argv[-2:] == ["--dscp", str(UNSHAPED_DSCP)] else FLOOR_RTTS[self.dc_of[node]]
+            answer, delay = {"sent": 3, "received": 3, "rtts": rtts}, 1.0
         else:
             self.floors_running_at_pair = [proc.poll() is None for proc in self.floors]
             answer = {"rtt": {"sent": 3, "received": 3, "rtts": PAIR_RTTS, "scheduling": "fifo"}, "flow": None}
@@ -45,15 +51,32 @@ class StandIn:
         return proc
 
 
-@pytest.mark.parametrize("east,pinger", [(2, "east-1"), (1, "east-0")])
-def test_the_floor_is_measured_while_the_pairs_pings_run(east, pinger):
+@pytest.mark.parametrize("shaper,east,floor_pingers,floor,floor_of", [
+    ("userspace-delay", 2, (("east-1", "rtt"), ("west-1", "rtt"), ("east-0", "rtt")), 0.5, "path"),
+    ("userspace-delay", 1, (("east-0", "rtt"), ("west-1", "rtt"), ("east-0", "rtt")), 0.5, "path"),
+    ("netem", 2, (("east-1", "rtt"), ("west-1", "rtt")), 0.3, "dcs"),
+])
+def test_the_floor_is_measured_while_the_pairs_pings_run(shaper, east, floor_pingers, floor, floor_of):
     topology = pair_topology(east=east, west=2, latency="10ms")
-    plan = build_plan(topology, "userspace-delay")
+    plan = build_plan(topology, shaper)
     fabric = StandIn(topology, plan)
     result = probe_pair(fabric, plan, topology, "east", "west", pings=3, seconds=0, applied=lambda end: True)
     assert fabric.started == [(plan.node(name).name, command) for name, command in
-                              ((pinger, "rtt"), ("west-1", "rtt"), ("east-0", "pair"))]
-    assert fabric.floors_running_at_pair == [True, True]  # the floors were being measured when the pair began
-    assert result.rtt_floor_ms == pytest.approx((0.2 + 0.4) / 2)
+                              (*floor_pingers, ("east-0", "pair"))]
+    assert fabric.floors_running_at_pair == [True] * len(floor_pingers)  # all measuring when the pair began
+    assert (result.rtt_floor_ms, result.rtt_floor_of) == (pytest.approx(floor), floor_of)
+    assert result.rtt_dc_floor_ms == pytest.approx((0.2 + 0.4) / 2)  # reported under either shaper
     assert result.rtt_applied_ms == pytest.approx(20.0)
-    assert result.rtt_p50_error_ms == pytest.approx(20.4 - (20.0 + 0.3))
+    assert result.rtt_p50_error_ms == pytest.approx(20.4 - (20.0 + floor))
+
+
+@pytest.mark.parametrize("latency,shaper,measurable", [
+    ("10ms", "userspace-delay", True),
+    ("10ms", "netem", False),
+    ("0ms", "netem", True),  # nothing delays: marked pings cross unshaped under either shaper
+])
+def test_the_same_path_unshaped_is_measurable_only_where_delay_lines_do_the_delaying(latency, shaper, measurable):
+    topology = pair_topology(latency=latency)
+    plan = build_plan(topology, shaper)
+    ends = path_ends(plan, topology, "east", "west") + path_ends(plan, topology, "west", "east")
+    assert path_floor_measurable(ends) is measurable

@@ -27,7 +27,8 @@ def has_work(item: DelayDirection) -> bool:
 
 
 def _iptables(rule: list[str]) -> str | None:
-    """Add one rule; None, or one line saying what is missing (the command, or the kernel's mangle/NFQUEUE)."""
+    """Add one rule; None, or one line saying what is missing (the command, or the kernel's mangle, NFQUEUE or
+    dscp match)."""
     try:
         done = subprocess.run(["iptables", "-w", *rule], capture_output=True, text=True)
     except FileNotFoundError:
@@ -35,8 +36,8 @@ def _iptables(rule: list[str]) -> str | None:
     if done.returncode == 0:
         return None
     said = " ".join(done.stderr.split()) or f"exit {done.returncode}"
-    return (f"this kernel lacks the mangle table or the NFQUEUE target (iptable_mangle, xt_NFQUEUE): "
-            f"iptables {' '.join(rule[:4])} ... failed: {said}")
+    return (f"this kernel lacks the mangle table, the NFQUEUE target or the dscp match (iptable_mangle, "
+            f"xt_NFQUEUE, xt_dscp): iptables {' '.join(rule[:4])} ... failed: {said}")
 
 
 def _add_rules(work: list[DelayDirection], status: DelayLineStatus) -> str | None:

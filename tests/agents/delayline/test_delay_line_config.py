@@ -32,15 +32,18 @@ def test_a_live_change_keeps_the_queue_and_its_rule():
 
 RULES = [
     (DelayDirection.serving("a->b", "to-a", 0, SPEC),
-     "-t mangle -A PREROUTING -i to-a -j NFQUEUE --queue-num 0"),
+     "-t mangle -A PREROUTING -i to-a -m dscp ! --dscp 63 -j NFQUEUE --queue-num 0"),
     (DelayDirection.serving("a->b", "eth0", 3, SPEC, ("10.0.0.2", "10.0.0.3"), "testbed:tb-x-"),
-     "-t mangle -A PREROUTING -i eth0 -s 10.0.0.2,10.0.0.3 -m comment --comment testbed:tb-x- -j NFQUEUE --queue-num 3"),
+     "-t mangle -A PREROUTING -i eth0 -s 10.0.0.2,10.0.0.3 -m dscp ! --dscp 63 -m comment --comment testbed:tb-x- "
+     "-j NFQUEUE --queue-num 3"),
 ]
 
 
 @pytest.mark.parametrize("direction,rule", RULES)
 def test_each_direction_has_one_rule_without_a_bypass(direction, rule):
-    assert " ".join(direction.rule()) == rule  # no --queue-bypass: a dead delay line darkens the link
+    """No --queue-bypass (a dead delay line darkens the link); only packets marked UNSHAPED_DSCP, the probe's
+    floor pings, skip it."""
+    assert " ".join(direction.rule()) == rule
 
 
 def test_the_plan_says_which_gateway_delays_which_direction():

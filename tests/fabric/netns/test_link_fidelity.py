@@ -1,18 +1,23 @@
 """Every DC pair's round trip against the one fidelity definition (testbed.runner.fidelity): its median within
-0.2 ms of the applied round trip plus the floor (the two DCs' own unshaped round trips, measured at the same time
-as the pair's pings), through the userspace delay line, on links of 0.8 ms, 3 ms and 0 ms one way. The delay line
-measures its own path and aims that much early; a 0 ms link does not pass through it. (bench/link_fidelity.py
-holds the 0.05 ms target.) Beside the suite's own UML boots, with the floors measured before the pairs, 2 runs of
-8 missed the bound (by up to 1.16 ms) and CI failed once at 0.203 ms; with the floors measured beside each pair's
-pings the worst of 8 runs was 0.116 ms, and 0.115 ms of 4 quiet ones (2026-11-29, CHANGELOG)."""
+0.2 ms of the applied round trip plus the floor (here the same path unshaped: pings marked to skip the delay lines,
+measured at the same time as the pair's pings), through the userspace delay line, on links of 0.8 ms, 3 ms and 0 ms
+one way. The delay line measures its own path and aims that much early; a 0 ms link does not pass through it.
+(bench/link_fidelity.py holds the 0.05 ms target.) Beside the suite's own UML boots, with the floors measured before
+the pairs, 2 runs of 8 missed the bound (by up to 1.16 ms) and CI failed once at 0.203 ms; with the DCs' own floors
+measured beside each pair's pings the worst of 8 runs was 0.116 ms, and 0.115 ms of 4 quiet ones (2026-11-29,
+CHANGELOG)."""
 
 import json
+import statistics
 import subprocess
+import sys
 
 import pytest
 
 from testbed import settings
+from testbed.agents import probe
 from testbed.fabric.lifecycle import bring_up
+from testbed.plan.delayline import UNSHAPED_DSCP
 from tests.conftest import namespaces_with, run_cli
 from tests.support.topologies import pair_topology
 
@@ -48,7 +53,8 @@ def test_every_pair_is_its_configured_round_trip_plus_the_floor(prefix, tmp_path
         low, high = sorted((dcs.index(pair["src"]), dcs.index(pair["dst"])))
         configured = 2 * sum(one_way[(dcs[i], dcs[i + 1])] for i in range(low, high))
         assert pair["rtt_applied_ms"] == pytest.approx(configured) and pair["not_applied"] == ""
-        assert pair["rtt_floor_ms"] is not None and 0 < pair["rtt_floor_ms"] < 1.0, pair
+        assert pair["rtt_floor_of"] == "path" and pair["rtt_floor_ms"] is not None, pair
+        assert 0 < pair["rtt_floor_ms"] < 1.0 and 0 < pair["rtt_dc_floor_ms"] < 1.0, pair
         assert pair["rtt_expected_ms"] == pytest.approx(configured + pair["rtt_floor_ms"])
         assert abs(pair["rtt_p50_error_ms"]) <= BOUND_MS, pair
         assert pair["delay_line_note"] == ""  # 0.8 ms and 3 ms are above what the delay line needs
@@ -73,6 +79,36 @@ def test_status_says_where_a_link_asks_for_less_than_the_delay_line_can_give(pre
     assert lines["c->d"]["packets"] == 0  # 0 ms: no rule, its packets never pass through the delay line
     table = run_cli("status", check=True).stdout
     assert "userspace delay lines" in table and "not compensated" in table
+
+
+def test_pings_marked_unshaped_skip_the_delay_line_both_ways(prefix):
+    """The floor's pings (DSCP UNSHAPED_DSCP) cross a 5 ms link unshaped, there and back (the probe's echo answers
+    with the ping's mark), and the delay line never holds them; unmarked pings take the 10 ms round trip."""
+    testbed = bring_up(pair_topology(latency="5ms", bandwidth="1gbit"), prefix=prefix, shaper="userspace-delay")
+    target = testbed.plan.node("west-0").address
+    server = testbed.fabric.popen("west-0", [sys.executable, "-m", probe.__name__, "serve", "--port", "5201"],
+                                  stdout=subprocess.PIPE, text=True)
+    try:
+        assert "ready" in server.stdout.readline()
+
+        def median_ms(*marks: str) -> float:
+            proc = testbed.fabric.popen("east-0", [sys.executable, "-m", probe.__name__, "rtt", target, "--port",
+                                                   "5201", "--count", "20", "--interval", "0.01", *marks],
+                                        stdout=subprocess.PIPE, text=True)
+            answer = json.loads(proc.communicate(timeout=60)[0])
+            assert answer["received"] == 20, answer
+            return statistics.median(answer["rtts"]) * 1e3
+
+        held = testbed.fabric.delay_line_stats()
+        marked = median_ms("--dscp", str(UNSHAPED_DSCP))
+        after = testbed.fabric.delay_line_stats()
+        plain = median_ms()
+    finally:
+        server.kill()
+        server.wait()
+    assert marked < 1.0 and plain >= 10.0, (marked, plain)
+    for key in ("east->west", "west->east"):  # not one marked packet was held, either way
+        assert after.get(key, {}).get("released", 0) == held.get(key, {}).get("released", 0), key
 
 
 @pytest.mark.parametrize("switch", ["1", "0"])
