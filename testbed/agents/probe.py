@@ -10,9 +10,9 @@
   A round trip is the network's: from just before the send to the kernel's receive time of the answer
   (SO_TIMESTAMPNS, as iputils ping), less how long the echo held the ping, from its kernel's receive time to its
   answer (TWAMP's turnaround, RFC 5357, appended to the answer). The wake-ups of two processes are then not in it:
-  they were, and a round trip of milliseconds, after which the pinger wakes from a halted vCPU, read more of them
-  than a DC's own 0.03 ms one (the DCs' own round trips read 0.05-0.09 ms with them, 0.02-0.03 without;
-  2026-11-29). `--dscp N` marks the pings, and the echo answers with the ping's mark: with UNSHAPED_DSCP
+  with them a DC's own round trip read 0.073-0.079 ms here, without them 0.022-0.025 (kernel ping 0.018-0.021), and
+  the chain's pairs 0.028-0.035 ms above configured + that (median of 12 pairs), without them 0.025-0.030 (3 runs
+  alternating, 2026-11-29). `--dscp N` marks the pings, and the echo answers with the ping's mark: with UNSHAPED_DSCP
   (testbed.plan.delayline) both cross the delay lines unshaped, the floor `testbed probe` holds a pair against.
 - send:  one TCP flow for N seconds; prints the sink's measurement.
 - pair:  rtt, then (with --seconds above 0) send, from one process: {"rtt": ..., "flow": ... or null}. A probe
