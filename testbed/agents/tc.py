@@ -14,7 +14,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 from pyroute2.protocols import ETH_P_IP
 
 from testbed.agents.kernel import needs
-from testbed.plan.shaping import ROOT, Shaping, TcObject
+from testbed.plan.shaping import ROOT, Shaping, TcObject, tos_key
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ def tc_request(command: str, obj: TcObject, index: int) -> tuple[str, dict[str, 
     estimator, a byte string), which fails with "object of type 'int' has no len()". Its classifiers drop
     `rate` in a fix_request hook; netem has none (pyroute2 0.9.7, and upstream as of 2026-01). Our objects
     never ask for a rate estimator, so the top-level `rate` is dropped here for every kind, once.
-    A u32 filter's `dst` becomes pyroute2's key on the IPv4 destination (offset 16), its flowid the target.
+    A u32 filter's `dst` becomes pyroute2's key on the IPv4 destination (offset 16), its `tos` one on the
+    header's first word (shaping.tos_key), its flowid the target.
     """
     verb = command if obj.what == "qdisc" else f"{command}-{obj.what}"
     if obj.what == "filter":
@@ -51,11 +52,15 @@ def tc_request(command: str, obj: TcObject, index: int) -> tuple[str, dict[str, 
 
 
 def _u32(options: dict[str, Any]) -> dict[str, Any]:
-    if set(options) != {"prio", "dst", "flowid"}:
+    if set(options) == {"prio", "tos", "flowid"}:
+        value, mask = tos_key(options["tos"])
+        key = f"0x{value:08x}/0x{mask:08x}+0"
+    elif set(options) == {"prio", "dst", "flowid"}:
+        net = ipaddress.IPv4Network(options["dst"])
+        key = f"0x{int(net.network_address):08x}/0x{int(net.netmask):08x}+16"
+    else:
         raise ValueError(f"no netlink rendering of u32 options {sorted(options)}")
-    net = ipaddress.IPv4Network(options["dst"])
-    return {"prio": options["prio"], "target": options["flowid"],
-            "keys": [f"0x{int(net.network_address):08x}/0x{int(net.netmask):08x}+16"]}
+    return {"prio": options["prio"], "target": options["flowid"], "keys": [key]}
 
 
 def netlink_requests(shaping: Shaping, index: int, command: str = "add") -> list[tuple[str, str, dict[str, Any]]]:

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from testbed.plan.delayline import DelayLineSpec
+from testbed.plan.delayline import UNSHAPED_DSCP, DelayLineSpec
 from testbed.spec.link import AUTO_QUEUE_MIN, MTU_FRAME, UNSHAPED_REFERENCE_RATE, LinkParams  # noqa: F401 (queue sizing lives with LinkParams)
 
 Shaper = Literal["netem", "userspace-delay"]
@@ -32,6 +32,8 @@ HTB_BURST_SECONDS = 0.002  # burst = 2 ms of traffic: the default (rate/HZ) is t
 HTB_BURST_MIN = 16 * 1024
 
 ROOT = "root"
+UNSHAPED_MINOR = 0x3F  # the class beside a netem class that packets marked UNSHAPED_DSCP take (1:3f)
+TOS_DSCP_MASK = 0xFC  # the DSCP's six bits of the TOS byte (the other two are ECN's)
 
 
 def tc_handle(major: int, minor: int = 0) -> int:
@@ -50,7 +52,8 @@ def format_handle(handle: int | str) -> str:
 @dataclass(frozen=True)
 class TcObject:
     """One `tc qdisc|class|filter add`: pyroute2 keyword options (rates in bytes/s, delays in microseconds, loss
-    in percent), handles as integers. A u32 filter's options: prio, dst (a CIDR) and flowid (a class handle)."""
+    in percent), handles as integers. A u32 filter's options: prio, dst (a CIDR) or tos (a TOS byte whose DSCP
+    bits must match) and flowid (a class handle)."""
 
     what: Literal["qdisc", "class", "filter"]
     kind: str
@@ -101,6 +104,10 @@ class Shaping:
     tc: tuple[TcObject, ...]
     delay_line: DelayLineSpec | None
     not_applied: tuple[str, ...]
+    # packets marked UNSHAPED_DSCP cross this end undelayed (the rate still applies): a delay line lets them
+    # through, netem under an own root htb has a class of their own beside its class (UNSHAPED_MINOR); netem as
+    # the root qdisc (no rate) or in a host's shared class delays them too
+    marked_undelayed: bool = True
 
     def changed(self) -> tuple[TcObject, ...]:
         """What a live `tc change` of this tree touches: classes and leaf qdiscs (a root htb and filters keep
@@ -174,9 +181,13 @@ def plan_shaping(params: LinkParams, shaper: Shaper, delay_line: bool = True,
     parent: int | str = placement.classid if has_class else ROOT
     not_applied: list[str] = []
     line: DelayLineSpec | None = None
+    undelayed = True
     if shaper == "netem":
         if needs_delay or has_class:
             tc.append(TcObject("qdisc", "netem", placement.leaf, parent, netem_options(params, limit)))
+            undelayed = has_class and not placement.shared
+            if undelayed:  # marked packets (testbed probe's floor) take a class of their own: no netem
+                tc += _unshaped_class(rate, placement)
     elif shaper == "userspace-delay":
         if has_class:
             tc.append(TcObject("qdisc", "pfifo", placement.leaf, parent, {"limit": limit}))
@@ -188,7 +199,22 @@ def plan_shaping(params: LinkParams, shaper: Shaper, delay_line: bool = True,
         raise ValueError(f"unknown shaper {shaper!r} (known: {', '.join(SHAPERS)})")
     tc += [TcObject("filter", "u32", 0, placement.root, {"prio": 1, "dst": cidr, "flowid": placement.classid})
            for cidr in placement.matches]
-    return Shaping(shaper, params, tuple(tc), line, tuple(not_applied))
+    return Shaping(shaper, params, tuple(tc), line, tuple(not_applied), undelayed)
+
+
+def _unshaped_class(rate_bps: float, placement: Placement) -> list[TcObject]:
+    """Beside a netem class under its own root: a class of the same rate, without netem, and a filter that steers
+    packets marked UNSHAPED_DSCP into it."""
+    *_, cls = _htb(rate_bps, Placement(placement.root, UNSHAPED_MINOR, placement.leaf))
+    return [cls, TcObject("filter", "u32", 0, placement.root, {"prio": 1, "tos": UNSHAPED_DSCP << 2,
+                                                                 "flowid": cls.handle})]
+
+
+def tos_key(tos: int) -> tuple[int, int]:
+    """A u32 key (value, mask) on the IPv4 header's first word that matches `tos`'s DSCP bits: the version nibble
+    (4) is matched too, so that both renderers give the kernel the same key at offset 0 (pyroute2 starts a key
+    at its first masked byte: DSCP alone would become a key at offset 1, `tc ... match ip tos` one at 0)."""
+    return 0x40000000 | tos << 16, 0xF0000000 | TOS_DSCP_MASK << 16
 
 
 def _bits(rate_bytes: int) -> str:
@@ -212,6 +238,9 @@ def _options_argv(obj: TcObject) -> list[str]:
         return [*out, "rate", _bits(o["rate"])]  # always: `tc change` without it keeps the old rate
     if (obj.what, obj.kind) == ("qdisc", "pfifo"):
         return ["limit", str(o["limit"])]
+    if (obj.what, obj.kind) == ("filter", "u32") and "tos" in o:
+        value, mask = tos_key(o["tos"])
+        return ["match", "u32", f"0x{value:08x}", f"0x{mask:08x}", "at", "0", "flowid", format_handle(o["flowid"])]
     if (obj.what, obj.kind) == ("filter", "u32"):
         return ["match", "ip", "dst", o["dst"], "flowid", format_handle(o["flowid"])]
     raise ValueError(f"no tc words for a {obj.kind} {obj.what}")

@@ -1,16 +1,17 @@
 """What "a link's round trip is right" means, once, for `testbed probe` and bench/link_fidelity.py alike.
 
 A DC pair's round trip is held against the round trip its links apply plus the floor, what the same path takes
-unshaped. Where every link end on the round trip that delays anything is a userspace delay line, the floor is that
-path itself: pings marked UNSHAPED_DSCP (testbed.plan.delayline), which the delay lines let through, from the same
-node to the same node, with the same pinger. So the error is what the delay lines add beyond their configured delay
-and nothing else: the gateways a packet crosses between DCs (0.01-0.03 ms a round trip here) are in both. Netem
-delays every packet, marked or not: there the floor is the mean of the two DCs' own round trips (node to node
-inside each DC; a pair's round trip crosses each DC's access path once each way), which leaves the gateways in the
-error. Either floor is measured at the same time as the pair's pings, by pingers of their own
-(testbed.runner.probe.floors_beside): what the machine takes moves with its load (a vCPU that idles wakes up slower
-than a busy one), and a floor measured a few seconds earlier missed that by up to 0.2 ms here (CHANGELOG,
-2026-11-29). The error is the measured median less that.
+unshaped: pings marked UNSHAPED_DSCP (testbed.plan.delayline) from the same node to the same node, with the same
+pinger, which cross every link end undelayed: the delay lines let them through, and netem under its own root htb
+gives them a class of its own without netem (testbed.plan.shaping). So the error is what the shaper adds beyond its
+configured delay and nothing else: the gateways a packet crosses between DCs (0.01-0.03 ms a round trip here) are in
+both. Where a link end delays marked packets too (netem as the root qdisc, on a link without a rate, or in an ssh
+host's shared class) the floor is the mean of the two DCs' own round trips (node to node inside each DC; a pair's
+round trip crosses each DC's access path once each way), which leaves the gateways in the error. Either floor is
+measured at the same time as the pair's pings, by pingers of their own (testbed.runner.probe.floors_beside): what
+the machine takes moves with its load (a vCPU that idles wakes up slower than a busy one), and a floor measured a
+few seconds earlier missed that by up to 0.2 ms here (CHANGELOG, 2026-11-29). The error is the measured median less
+that.
 
 A round trip is timed as the network's: from the pinger's send to its kernel's receive time of the answer, less
 how long the echo held the ping (TWAMP's turnaround, RFC 5357), so the pinger's and the echo's wake-ups are not in
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from testbed.plan.view import LinkEnd
 
 DEFINITION = ("error = measured RTT median - (applied RTT + floor); floor = the same path's unshaped round trip "
-              "(pings the delay lines let through, same nodes, same pinger, at the same time as the pair's pings), "
-              "or under netem the mean of the two DCs' own round trips; a round trip is the network's (kernel "
-              "receive time, less the echo's turnaround); pings randomly spaced around their interval")
+              "(pings marked to cross the shaping undelayed, same nodes, same pinger, at the same time as the pair's "
+              "pings), or where a link end delays them too, the mean of the two DCs' own round trips; a round trip "
+              "is the network's (kernel receive time, less the echo's turnaround); pings randomly spaced around "
+              "their interval")
 PATH, DCS = "path", "dcs"  # what a floor is: the same path unshaped, or the two DCs' own round trips
 
 
@@ -56,10 +58,10 @@ def pair_floor_ms(src_floor_ms: float | None, dst_floor_ms: float | None) -> flo
 
 
 def path_floor_measurable(ends: list[LinkEnd]) -> bool:
-    """Whether pings marked UNSHAPED_DSCP cross these link ends unshaped: every end that delays anything (latency,
-    jitter or loss) is a userspace delay line's (netem delays every packet)."""
-    return all(end.shaping.delay_line is not None for end in ends
-               if end.shaping.params.latency > 0 or end.shaping.params.jitter > 0 or end.shaping.params.loss > 0)
+    """Whether pings marked UNSHAPED_DSCP cross these link ends undelayed (Shaping.marked_undelayed): a delay line
+    lets them through, netem under its own root gives them a class without netem; netem as the root qdisc (a link
+    without a rate) or in a host's shared class delays them like every packet."""
+    return all(end.shaping.marked_undelayed for end in ends)
 
 
 def held_floor(path_ms: float | None, dcs_ms: float | None) -> tuple[float | None, str]:

@@ -105,6 +105,7 @@ def test_every_shipped_topology_is_covered():
     assert ssh and all(any(o.what == "filter" for o in case.shaping.tc) for case in ssh)
     assert any(o.kind == "netem" and o.options["loss"] and o.options["jitter"]
                for case in cases("netem") for o in case.shaping.tc)
+    assert any("tos" in o.options for case in cases("netem") for o in case.shaping.tc if o.what == "filter")
 
 
 # --- pure: both renderings read back into the kernel's fields -------------------------------------------------------
@@ -166,6 +167,9 @@ def from_argv(argv: list[str]) -> dict[str, Any]:
                       loss=loss, rate=_bytes(words[words.index("rate") + 1]))
     elif (what, fields["kind"]) == ("qdisc", "pfifo"):
         fields["limit"] = int(options["limit"])
+    elif (what, fields["kind"]) == ("filter", "u32") and words[:2] == ["match", "u32"]:
+        assert words[4] == "at" and words[6] == "flowid", argv  # tc's `match u32 VALUE MASK at OFFSET`
+        fields.update(key=(int(words[2], 16), int(words[3], 16), int(words[5])), flowid=_handle(words[7]))
     elif (what, fields["kind"]) == ("filter", "u32"):
         assert words[:3] == ["match", "ip", "dst"] and words[4] == "flowid", argv
         net = ipaddress.IPv4Network(words[3])

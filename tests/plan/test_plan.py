@@ -5,15 +5,18 @@ import ipaddress
 import pytest
 
 from testbed.plan.addressing import allocate
+from testbed.plan.delayline import UNSHAPED_DSCP
 from testbed.plan.network import build_plan, path_params
 from testbed.plan.routing import next_hops, shortest_paths
 from testbed.plan.shaping import (
     AUTO_QUEUE_MIN,
     MTU_FRAME,
+    OWN_ROOT,
     format_handle,
     htb_burst,
     plan_shaping,
     queue_limit,
+    shared_class,
 )
 from testbed.spec import LinkParams, load_topology
 from tests.conftest import TOPOLOGIES
@@ -83,16 +86,33 @@ def test_prefix_is_configurable():
 
 
 def test_netem_tree_is_htb_class_with_netem_child():
+    """Beside the netem class, one of the same rate without netem that a filter gives packets marked UNSHAPED_DSCP
+    (testbed probe's floor: the same path undelayed)."""
     params = LinkParams(latency=0.010, bandwidth=1e9, jitter=0.001, loss=0.001)
     shaping = plan_shaping(params, "netem")
     kinds = [(o.what, o.kind, format_handle(o.handle), format_handle(o.parent)) for o in shaping.tc]
-    assert kinds == [("qdisc", "htb", "1:", "root"), ("class", "htb", "1:1", "1:"), ("qdisc", "netem", "10:", "1:1")]
+    assert kinds == [("qdisc", "htb", "1:", "root"), ("class", "htb", "1:1", "1:"), ("qdisc", "netem", "10:", "1:1"),
+                     ("class", "htb", "1:3f", "1:"), ("filter", "u32", "0:", "1:")]
+    assert shaping.tc[3].options == shaping.tc[1].options  # the same rate
+    assert shaping.tc[4].options == {"prio": 1, "tos": UNSHAPED_DSCP << 2, "flowid": shaping.tc[3].handle}
+    assert shaping.marked_undelayed
     netem = shaping.tc[2].options
     assert netem["delay"] == 10000 and netem["jitter"] == 1000  # microseconds
     assert netem["loss"] == pytest.approx(0.1)  # percent
     assert netem["rate"] == 125_000_000  # bytes/s
     assert netem["limit"] == queue_limit(params)
     assert shaping.delay_line is None and shaping.not_applied == ()
+
+
+@pytest.mark.parametrize("params,placement,undelayed", [
+    (LinkParams(latency=0.010), OWN_ROOT, False),  # netem is the root qdisc: every packet passes through it
+    (LinkParams(latency=0.010, bandwidth=1e9), shared_class(1, 0x10), False),  # a host's class: no class beside
+    (LinkParams(), OWN_ROOT, True),  # nothing at all
+])
+def test_where_netem_has_no_class_beside_it_marked_packets_are_delayed_too(params, placement, undelayed):
+    shaping = plan_shaping(params, "netem", placement=placement)
+    assert shaping.marked_undelayed is undelayed
+    assert not any(o.what == "filter" and "tos" in o.options for o in shaping.tc)
 
 
 def test_userspace_tree_has_rate_in_kernel_and_delay_in_the_line():

@@ -201,6 +201,8 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
         rtt, overhead = expected_rtt[route], own[route]
         assert pair["shaper"] == "netem" and pair["not_applied"] == "", pair
         assert pair["rtt_configured_ms"] == pytest.approx(rtt)
+        # its floor: the same route, pings marked to take the class beside netem's on every link end, both ways
+        assert pair["rtt_floor_of"] == "path" and pair["rtt_floor_ms"] < rtt / 2, pair
         assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, realtime, pair)
         assert pair["rate_configured_mbps"] == pytest.approx(expected_rate[(src, dst)])
         assert abs(pair["goodput_error"]) <= 0.10, json.dumps({"src": src, "dst": dst, "host_share": shared,
