@@ -2,8 +2,8 @@
 
 RTT error is by the definition `testbed probe` uses (testbed.runner.fidelity): the measured round trip less the
 configured one less the floor, measured in the same cell with the same pinger at the same time: the same path
-unshaped (east-0 -> west-0, pings marked to skip the delay line) where the delay line shapes the link, the mean of
-the two DCs' own round trips (east-1 -> east-0, west-1 -> west-0) under netem; the DCs' own come beside either. With
+unshaped (east-0 -> west-0, pings marked to cross the shaping undelayed), or the mean of the two DCs' own round
+trips (east-1 -> east-0, west-1 -> west-0) where the link delays marked pings too; the DCs' own come beside either. With
 the userspace delay line, each point runs twice, one after the other: as it is, without the compensation of its own
 path ("userspace-delay uncompensated") and watching its queue all the time ("userspace-delay unbatched": two
 wake-ups a packet, its CPU before the change), so the table shows what each change buys; the delay line's own figures
@@ -165,9 +165,10 @@ def cell(delay_ms: float, rate: str, shaper: str, pings: int, seconds: float,
         tear_down(PREFIX)
 
     dc_floor = pair_floor_ms(*(floors[dc] for dc in DCS))
-    floor, _ = held_floor(floors.get(PATH), dc_floor)
+    floor, _ = held_floor(floors.get(PATH), dc_floor, rtt * 1e3)
     idle_trip = round_trip(rtt * 1e3, floor, [value * 1e3 for value in idle])
-    loaded_floor, _ = held_floor(floors_loaded.get(PATH), pair_floor_ms(*(floors_loaded[dc] for dc in DCS)))
+    loaded_floor, _ = held_floor(floors_loaded.get(PATH), pair_floor_ms(*(floors_loaded[dc] for dc in DCS)),
+                                 rtt * 1e3)
     loaded_trip = round_trip(rtt * 1e3, loaded_floor, [value * 1e3 for value in loaded])
     expected = rate_bps * PAYLOAD_PER_FRAME
     return {"shaper": shaper, "one-way ms": delay_ms, "rate": rate, "floor ms": floor, "DC floor ms": dc_floor,
@@ -251,9 +252,9 @@ def report(args: argparse.Namespace, shapers: list[str], rows: list[dict]) -> No
     frame.insert(3, "reps", raw.groupby(keys, sort=False).size().values)
     print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, load average "
           f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
-    print(f"RTT error: {DEFINITION}. \"floor ms\": the same path unshaped for the delay line (the DCs' own for "
-          f"netem and for an earlier revision's delay line, which delays every packet); \"DC floor ms\": the DCs' "
-          f"own, measured at the same time, and the idle error against it")
+    print(f"RTT error: {DEFINITION}. \"floor ms\": the same path unshaped (the DCs' own for an earlier revision's "
+          f"delay line, which delays every packet); \"DC floor ms\": the DCs' own, measured at the same time, and "
+          f"the idle error against it")
     if args.before:
         print(f"userspace-delay {BEFORE}: the delay line of revision {args.before}")
     args.out.mkdir(parents=True, exist_ok=True)

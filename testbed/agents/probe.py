@@ -13,7 +13,9 @@
   with them a DC's own round trip read 0.073-0.079 ms here, without them 0.022-0.025 (kernel ping 0.018-0.021), and
   the chain's pairs 0.028-0.035 ms above configured + that (median of 12 pairs), without them 0.025-0.030 (3 runs
   alternating, 2026-11-29). `--dscp N` marks the pings, and the echo answers with the ping's mark: with UNSHAPED_DSCP
-  (testbed.plan.delayline) both cross the delay lines unshaped, the floor `testbed probe` holds a pair against.
+  (testbed.plan.delayline) both cross the shaping undelayed, the floor `testbed probe` holds a pair against.
+  `--user-time` (for `serve`, `rtt` and `pair`) times arrivals in user space and reports no turnaround: on a node
+  whose own kernel runs the delay line (ssh, Slurm) the kernel's receive time predates the delay.
 - send:  one TCP flow for N seconds; prints the sink's measurement.
 - pair:  rtt, then (with --seconds above 0) send, from one process: {"rtt": ..., "flow": ... or null}. A probe
   of a DC pair is one start of this agent (a docker exec, a command over ssh, ~1 s in user-mode Linux).
@@ -44,6 +46,7 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # asm-generic/socket.h; 
 TIMESPEC = struct.Struct("@qq")  # struct timespec on a 64-bit kernel: seconds, nanoseconds
 ANCILLARY_SPACE = socket.CMSG_SPACE(TIMESPEC.size) + socket.CMSG_SPACE(4)  # a receive time and a TOS byte
 TOS = struct.Struct("@i")  # IP_TOS as sendmsg's ancillary data takes it
+DSCP_BITS = 0xFC  # of the TOS byte (the other two are ECN's)
 DWELL = struct.Struct("!Q")  # what an echo appends to a ping: ns from its kernel's receive time to its answer
 CHUNK = 256 * 1024
 RT_ENV, RT_PRIORITY = settings.PROBE_RT, 5  # the delay line's worker runs at 10: it must not wait for a probe
@@ -68,20 +71,21 @@ def realtime() -> str:
     return fifo(RT_ENV, RT_PRIORITY)
 
 
-def _udp_echo(sock: socket.socket) -> None:
+def _udp_echo(sock: socket.socket, kernel_time: bool) -> None:
     """Answer every ping with itself and how long it stayed here (TWAMP's turnaround, RFC 5357): from the kernel's
-    receive time to just before the answer's send, the echo's own wake-up, which the pinger takes off."""
+    receive time to just before the answer's send, the echo's own wake-up, which the pinger takes off (0 without
+    `kernel_time`: where this node's own kernel delays what it receives, its receive time predates the delay)."""
     realtime()  # this thread only: the TCP sink's threads stay ordinary
-    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1 if kernel_time else 0)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
     while True:
         data, ancillary, _, peer = sock.recvmsg(2048, ANCILLARY_SPACE)
-        received, tos = arrival_ns(ancillary), tos_of(ancillary)
+        received, mark = arrival_ns(ancillary), tos_of(ancillary) & DSCP_BITS  # the mark, not the ECN bits
         if len(data) == PING.size:
             dwell = time.time_ns() - received if received is not None else 0
             data += DWELL.pack(max(0, dwell))
-        # the answer carries the ping's TOS: a ping marked to skip the shaping (UNSHAPED_DSCP) comes back unshaped
-        sock.sendmsg([data], [(socket.IPPROTO_IP, socket.IP_TOS, TOS.pack(tos))] if tos else [], 0, peer)
+        # the answer carries the ping's mark: a ping marked to skip the shaping (UNSHAPED_DSCP) comes back unshaped
+        sock.sendmsg([data], [(socket.IPPROTO_IP, socket.IP_TOS, TOS.pack(mark))] if mark else [], 0, peer)
 
 
 def _received(conn: socket.socket, read: int) -> int:
@@ -137,10 +141,10 @@ def _sink(conn: socket.socket, warmup: float) -> None:
         conn.sendall(json.dumps(result).encode())
 
 
-def serve(port: int, warmup: float) -> None:
+def serve(port: int, warmup: float, kernel_time: bool = True) -> None:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("0.0.0.0", port))
-    threading.Thread(target=_udp_echo, args=(udp,), daemon=True).start()
+    threading.Thread(target=_udp_echo, args=(udp, kernel_time), daemon=True).start()
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind(("0.0.0.0", port))
@@ -172,10 +176,13 @@ def tos_of(ancillary: list[tuple[int, int, bytes]]) -> int:
     return 0
 
 
-def rtt(target: str, port: int, count: int, interval: float, timeout: float, dscp: int = 0) -> dict:
+def rtt(target: str, port: int, count: int, interval: float, timeout: float, dscp: int = 0,
+        kernel_time: bool = True) -> dict:
+    """Ping `target`'s echo; with `kernel_time` an answer's arrival is its kernel's receive time, else when the
+    pinger has it (a node whose own kernel delays what it receives: its receive time predates the delay)."""
     scheduling = realtime()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1 if kernel_time else 0)
     if dscp:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
     sock.connect((target, port))
@@ -243,7 +250,14 @@ def _pinger_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.01)
     parser.add_argument("--timeout", type=float, default=2.0)
-    parser.add_argument("--dscp", type=int, default=0, help="mark the pings (and their answers) with this DSCP")
+    parser.add_argument("--dscp", type=int, default=0, choices=range(64), metavar="0-63",
+                        help="mark the pings (and their answers) with this DSCP")
+    _time_option(parser)
+
+
+def _time_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--user-time", action="store_true",
+                        help="time arrivals in user space (a node whose own kernel delays what it receives)")
 
 
 def main(argv: list[str]) -> int:
@@ -252,6 +266,7 @@ def main(argv: list[str]) -> int:
     p_serve = sub.add_parser("serve")
     p_serve.add_argument("--port", type=int, default=5201)
     p_serve.add_argument("--warmup", type=float, default=0.5)
+    _time_option(p_serve)
     _pinger_options(sub.add_parser("rtt"))
     p_send = sub.add_parser("send")
     p_send.add_argument("target")
@@ -263,14 +278,15 @@ def main(argv: list[str]) -> int:
     p_pair.add_argument("--seconds", type=float, default=3.0, help="of TCP flow after the pings (0 = none)")
     args = parser.parse_args(argv)
     if args.cmd == "serve":
-        serve(args.port, args.warmup)
+        serve(args.port, args.warmup, not args.user_time)
         return 0
     if args.cmd == "rtt":
-        result = rtt(args.target, args.port, args.count, args.interval, args.timeout, args.dscp)
+        result = rtt(args.target, args.port, args.count, args.interval, args.timeout, args.dscp, not args.user_time)
     elif args.cmd == "send":
         result = send(args.target, args.port, args.seconds, args.pace)
     else:
-        result = {"rtt": rtt(args.target, args.port, args.count, args.interval, args.timeout, args.dscp),
+        result = {"rtt": rtt(args.target, args.port, args.count, args.interval, args.timeout, args.dscp,
+                             not args.user_time),
                   "flow": send(args.target, args.port, args.seconds) if args.seconds > 0 else None}
     print(json.dumps(result), flush=True)
     return 0

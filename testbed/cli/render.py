@@ -167,7 +167,7 @@ def probe_table(records: list[dict], info: dict) -> Table:
 
 def _floor(record: dict) -> str:
     """The floor a pair is held against and what it is: "(path)", the same path unshaped, with the DCs' own beside
-    it; "(DCs)", their own round trips (netem)."""
+    it; "(DCs)", their own round trips (where a link end delays marked pings too)."""
     floor = _fmt(record.get("rtt_floor_ms"), ".3f", " ms")
     if record.get("rtt_floor_of") == "path":
         return f"{floor} (path; DCs {_fmt(record.get('rtt_dc_floor_ms'), '.3f')})"

@@ -30,6 +30,9 @@ class Fabric(ABC, Generic[PlanT]):
     plan: PlanT | None
     link_faults: ClassVar[bool] = False  # whether impair() can drop, delay or throttle a link on demand
     node_shells: ClassVar[bool] = False  # whether node_script() writes to a shell kept open on each node
+    # whether a node's own kernel delays what it receives (a userspace delay line on the receiving node, in its
+    # PREROUTING): its receive time then predates the delay, and a probe times round trips in user space
+    delays_on_nodes: ClassVar[bool] = False
 
     @abstractmethod
     def up(self, plan: PlanT, state: FabricState) -> None:

@@ -2,7 +2,8 @@
 
 Each fault becomes actions on a clock: `apply` and `clear` (a flap: one pair per down window), each anchored
 to rank 0's start of a step or to the cell's first step, plus an offset in seconds. What a link fault does to
-a direction's parameters (`impaired`) is pure too: a partition and a flap's down window drop every packet
+a direction's parameters (`impaired`) is pure too: a partition and a flap's down window drop every packet (but
+the probe's marked ones, testbed.plan.delayline.UNSHAPED_DSCP, which cross every link end undelayed)
 (loss 100 %, on the link ends, by netem or the delay line), the others replace one field. Every fault gets a
 seed derived from (workload seed, cell, fault index), so a cell replays the same faults: it picks the element
 an SDC flips when the experiment names none."""

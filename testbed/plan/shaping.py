@@ -2,7 +2,8 @@
 
 Two shapers give the same link semantics:
 - ``netem``: root HTB (rate, burst sized for this kernel's HZ) -> one class -> a netem child carrying
-  delay, jitter, loss, rate and a `limit` sized to the bandwidth-delay product.
+  delay, jitter, loss, rate and a `limit` sized to the bandwidth-delay product; beside it a class of the same rate
+  without netem, which a u32 filter gives only packets marked UNSHAPED_DSCP (`testbed probe`'s floor).
 - ``userspace-delay``: root HTB -> one class -> a pfifo of the same `limit`; delay, jitter and loss are
   left to the userspace delay line (testbed.agents.delayline), described by a `DelayLineSpec` (testbed.plan.delayline).
 

@@ -64,10 +64,13 @@ def path_floor_measurable(ends: list[LinkEnd]) -> bool:
     return all(end.shaping.marked_undelayed for end in ends)
 
 
-def held_floor(path_ms: float | None, dcs_ms: float | None) -> tuple[float | None, str]:
+def held_floor(path_ms: float | None, dcs_ms: float | None, applied_ms: float) -> tuple[float | None, str]:
     """The floor a pair is held against, and what it is: the same path's unshaped round trip where it was
-    measured, else the two DCs' own."""
-    return (path_ms, PATH) if path_ms is not None else (dcs_ms, DCS)
+    measured, else the two DCs' own. Also the DCs' own where the path's is more than half the applied round trip
+    above them: the marked pings were delayed after all (a testbed brought up by an earlier version has no rule or
+    class for them; a real network may strip the mark)."""
+    delayed = path_ms is not None and dcs_ms is not None and applied_ms > 0 and path_ms - dcs_ms > applied_ms / 2
+    return (path_ms, PATH) if path_ms is not None and not delayed else (dcs_ms, DCS)
 
 
 def round_trip(applied_ms: float, floor_ms: float | None, rtts_ms: list[float]) -> RoundTrip:

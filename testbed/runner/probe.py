@@ -3,12 +3,12 @@
 Goodput is compared with what the configured rate can carry as TCP payload at MTU 1500: each 1514-byte
 frame on the veth carries 1448 bytes of payload (TCP with timestamps), so 95.6 % of the shaped rate.
 RTT is compared with what is *applied* (the configured latency of every link end on the round trip that a running
-mechanism delays: netem, or a live userspace delay line; the rest is reported as not applied) plus the pair's
-floor, what the same path takes unshaped (pings the delay lines let through), or under netem its two DCs' own round
-trips, measured at the same time as the pair's pings, by pingers of their own (testbed.runner.fidelity: the one
-definition, which bench/link_fidelity.py prints too); the DCs' own round trips are reported beside either. Where a
-userspace delay line serves the round trip, its own figures come along: what it still adds (residual) and the links
-whose delay is below what it can compensate.
+mechanism delays: netem, or a live userspace delay line; the rest is reported as not applied) plus the pair's floor,
+what the same path takes unshaped (pings marked to cross the shaping undelayed), or where a link end delays them too
+its two DCs' own round trips, measured at the same time as the pair's pings, by pingers of their own
+(testbed.runner.fidelity: the one definition, which bench/link_fidelity.py prints too); the DCs' own round trips are
+reported beside either. Where a userspace delay line serves the round trip, its own figures come along: what it
+still adds (residual) and the links whose delay is below what it can compensate.
 """
 
 from __future__ import annotations
@@ -87,11 +87,17 @@ def _agent(*args: str) -> list[str]:
     return [sys.executable, "-m", agent.__name__, *args]
 
 
+def _timing(fabric: Fabric) -> list[str]:
+    """How the agents time arrivals on this fabric: by the kernel's receive time, unless a node's own kernel delays
+    what it receives (Fabric.delays_on_nodes: its receive time predates the delay)."""
+    return ["--user-time"] if fabric.delays_on_nodes else []
+
+
 class _Server:
     """A probe agent serving inside one node for the duration of a `with` block."""
 
     def __init__(self, fabric: Fabric, node: str) -> None:
-        self.proc = fabric.popen(node, _agent("serve", "--port", str(PORT)), stdout=subprocess.PIPE,
+        self.proc = fabric.popen(node, _agent("serve", "--port", str(PORT), *_timing(fabric)), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
 
     def __enter__(self) -> _Server:
@@ -150,12 +156,13 @@ def floors_beside(fabric: Fabric, plan: NetworkPlan, topology: Topology, dcs: tu
     try:
         for dc in dcs:
             pinger, target = floor_node(plan, topology, dc)
-            args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval)]
+            args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval),
+                    *_timing(fabric)]
             started[dc] = (pinger, args, _start_agent(fabric, pinger, args))
         if path is not None:
             pinger, target = path
             args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval),
-                    "--dscp", str(UNSHAPED_DSCP)]
+                    *_timing(fabric), "--dscp", str(UNSHAPED_DSCP)]
             started[PATH] = (pinger, args, _start_agent(fabric, pinger, args))
         yield out
         for dc, (pinger, args, proc) in started.items():
@@ -182,8 +189,8 @@ def delay_line_figures(fabric: Fabric) -> dict[str, dict]:
 def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, dst: str, *,
                pings: int, seconds: float, applied: Callable[[LinkEnd], bool]) -> PairProbe:
     """RTT from src to dst and goodput src->dst (none with `seconds` 0), between node 0 of each DC, whose probe
-    agent must be serving (_Server); held against applied + the floor, the two DCs' own round trips measured while
-    the pair's pings run (floors_beside)."""
+    agent must be serving (_Server); held against applied + the floor (the same path unshaped, or the two DCs'
+    own round trips: testbed.runner.fidelity) measured while the pair's pings run (floors_beside)."""
     there, back = path_ends(plan, topology, src, dst), path_ends(plan, topology, dst, src)
     ends = there + back
     configured = sum(end.shaping.params.latency for end in ends)
@@ -199,11 +206,11 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
     path = (src_node.name, dst_node.address) if path_floor_measurable(ends) else None
     with floors_beside(fabric, plan, topology, (src, dst), pings=pings, path=path) as floors:
         measured = _run_agent(fabric, src_node.name, ["pair", dst_node.address, "--port", str(PORT), "--count",
-                                                      str(pings), "--seconds", str(seconds)],
+                                                      str(pings), "--seconds", str(seconds), *_timing(fabric)],
                               timeout=120 + pings * 0.05 + seconds)
     ping, flow = measured["rtt"], measured["flow"]
     dcs_floor = pair_floor_ms(floors[src], floors[dst])
-    floor, floor_of = held_floor(floors.get(PATH), dcs_floor)
+    floor, floor_of = held_floor(floors.get(PATH), dcs_floor, applied_rtt * 1e3)
     trip = round_trip(applied_rtt * 1e3, floor, [value * 1e3 for value in ping["rtts"]])
     expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
     goodput = flow["goodput_bps"] if flow is not None else None

@@ -18,7 +18,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from testbed.agents.kernel import KernelLacks
 from testbed.agents.tc import add_tree, change_tree, tc_request
-from testbed.plan.shaping import NETEM_RATE_MAX, ROOT, plan_shaping, tc_handle
+from testbed.plan.shaping import NETEM_RATE_MAX, ROOT, TcObject, plan_shaping, tc_handle
 from testbed.spec.link import LinkParams
 
 
@@ -74,18 +74,23 @@ def test_every_planned_object_encodes_as_the_kernel_expects(name, params, shaper
             assert (rate64 if parms["rate"] == 2**32 - 1 else parms["rate"]) == int(params.bandwidth / 8)
 
 
+def _netem(params: LinkParams) -> TcObject:
+    """The netem qdisc of a link end's planned tree."""
+    return next(obj for obj in plan_shaping(params, "netem").tc if obj.kind == "netem")
+
+
 def test_netem_rate_law():
-    assert plan_shaping(LinkParams(bandwidth=1e9), "netem").tc[-1].options["rate"] == 125_000_000
+    assert _netem(LinkParams(bandwidth=1e9)).options["rate"] == 125_000_000
     # above netem's u32: HTB enforces the bandwidth; netem gets none unless jitter needs it for FIFO order
-    assert plan_shaping(LinkParams(bandwidth=400e9), "netem").tc[-1].options["rate"] == 0
-    assert plan_shaping(LinkParams(bandwidth=400e9, jitter=1e-3), "netem").tc[-1].options["rate"] == NETEM_RATE_MAX // 8
-    assert plan_shaping(LinkParams(latency=0.01, jitter=1e-3), "netem").tc[-1].options["rate"] == NETEM_RATE_MAX // 8
-    assert plan_shaping(LinkParams(latency=0.01), "netem").tc[-1].options["rate"] == 0
+    assert _netem(LinkParams(bandwidth=400e9)).options["rate"] == 0
+    assert _netem(LinkParams(bandwidth=400e9, jitter=1e-3)).options["rate"] == NETEM_RATE_MAX // 8
+    assert _netem(LinkParams(latency=0.01, jitter=1e-3)).options["rate"] == NETEM_RATE_MAX // 8
+    assert _netem(LinkParams(latency=0.01)).options["rate"] == 0
 
 
 def test_pyroute2_still_encodes_a_netem_rate_twice():
     """Why tc_request drops the top-level `rate`: if this starts passing, pyroute2 was fixed upstream."""
-    obj = plan_shaping(LinkParams(latency=0.01, bandwidth=1e9), "netem").tc[-1]
+    obj = _netem(LinkParams(latency=0.01, bandwidth=1e9))
     raw = get_arguments_processor("tc", "add", {**obj.options, "kind": "netem", "index": 3, "handle": obj.handle,
                                                 "parent": obj.parent})
     with pytest.raises(TypeError, match="has no len"):
@@ -109,14 +114,16 @@ def test_change_keeps_a_tree_of_the_same_shape_and_rebuilds_another():
     old = plan_shaping(LinkParams(latency=0.01, bandwidth=1e9), "netem")
     handle = FakeHandle()
     change_tree(handle, 4, old, plan_shaping(LinkParams(latency=0.03, bandwidth=5e8, loss=0.01), "netem"))
-    assert [(verb, kind) for verb, kind, _ in handle.calls] == [("change-class", "htb"), ("change", "netem")]
+    assert [(verb, kind) for verb, kind, _ in handle.calls] == [("change-class", "htb"), ("change", "netem"),
+                                                                ("change-class", "htb")]  # and the marked class's
     assert handle.calls[1][2]["request_filter"]["options"]["loss"] > 0
 
     handle = FakeHandle()
     change_tree(handle, 4, plan_shaping(LinkParams(latency=0.01), "netem"),
                 plan_shaping(LinkParams(latency=0.01, bandwidth=1e8), "netem"))
     assert [(verb, kind) for verb, kind, _ in handle.calls] == [("del", None), ("add", "htb"), ("add-class", "htb"),
-                                                                ("add", "netem")]
+                                                                ("add", "netem"), ("add-class", "htb"),
+                                                                ("add-filter", "u32")]
     assert handle.calls[0][2]["handle"] == tc_handle(0x10)  # the old root (netem alone) goes first
 
 

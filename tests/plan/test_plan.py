@@ -17,6 +17,7 @@ from testbed.plan.shaping import (
     plan_shaping,
     queue_limit,
     shared_class,
+    tos_key,
 )
 from testbed.spec import LinkParams, load_topology
 from tests.conftest import TOPOLOGIES
@@ -157,3 +158,18 @@ def test_overrides_change_one_direction():
     plan = build_plan(t, "netem", overrides={"east->west": LinkParams(latency=0.03, bandwidth=1e9)})
     assert plan.link_end("east->west").shaping.params.latency == 0.03
     assert plan.link_end("west->east").shaping.params.latency == 0.01
+
+
+@pytest.mark.parametrize("first_word,matches", [
+    (0x45FC0000, True),  # IPv4, DSCP 63, no ECN
+    (0x45FF0000, True),  # the same with CE: the ECN bits are not the mark's
+    (0x46FD1234, True),  # options (IHL 6), ECT(1), any length
+    (0x45F80000, False),  # DSCP 62
+    (0x45000000, False),  # unmarked
+    (0x65FC0000, False),  # not IPv4
+])
+def test_the_marked_class_filter_matches_dscp_63_whatever_the_ecn_bits(first_word, matches):
+    """The u32 key both renderers give the kernel (shaping.tos_key), on the IPv4 header's first word."""
+    value, mask = tos_key(UNSHAPED_DSCP << 2)
+    assert (value, mask) == (0x40FC0000, 0xF0FC0000)
+    assert (first_word & mask == value) is matches

@@ -16,7 +16,7 @@ import pytest
 
 from testbed.plan.delayline import UNSHAPED_DSCP
 from testbed.plan.network import build_plan
-from testbed.runner.fidelity import path_floor_measurable
+from testbed.runner.fidelity import held_floor, path_floor_measurable
 from testbed.runner.probe import path_ends, probe_pair
 from tests.support.topologies import pair_topology
 
@@ -29,15 +29,19 @@ class StandIn:
     """Runs each probe agent as a short process printing what the real one would; records who ran what and
     whether the floor pingers were still running when the pair's pinger started."""
 
+    delays_on_nodes = False  # as netns: the agents time arrivals by the kernel's receive time
+
     def __init__(self, topology, plan) -> None:
         self.dc_of = {plan.node(f"{dc.name}-{i}").name: dc.name for dc in topology.dcs for i in range(dc.nodes)}
         self.started: list[tuple[str, str]] = []  # (node, agent command)
         self.floors: list[subprocess.Popen] = []
         self.floors_running_at_pair: list[bool] = []
+        self.argvs: list[list[str]] = []
 
     def popen(self, node: str, argv: list[str], **kwargs) -> subprocess.Popen:
         command = argv[3]
         self.started.append((node, command))
+        self.argvs.append(argv)
         if command == "rtt":
             rtts = PATH_RTTS if argv[-2:] == ["--dscp", str(UNSHAPED_DSCP)] else FLOOR_RTTS[self.dc_of[node]]
             answer, delay = {"sent": 3, "received": 3, "rtts": rtts}, 1.0
@@ -69,6 +73,29 @@ def test_the_floor_is_measured_while_the_pairs_pings_run(shaper, east, floor_pin
     assert result.rtt_dc_floor_ms == pytest.approx((0.2 + 0.4) / 2)  # reported under either shaper
     assert result.rtt_applied_ms == pytest.approx(20.0)
     assert result.rtt_p50_error_ms == pytest.approx(20.4 - (20.0 + floor))
+
+
+@pytest.mark.parametrize("on_nodes", [False, True])
+def test_where_a_nodes_own_kernel_delays_what_it_receives_every_agent_times_in_user_space(on_nodes):
+    """ssh and slurm run the delay line on the receiving node (Fabric.delays_on_nodes): a kernel receive time there
+    predates the hold, so every pinger of the probe times arrivals in user space."""
+    topology = pair_topology(east=2, west=2, latency="10ms")
+    plan = build_plan(topology, "userspace-delay")
+    fabric = StandIn(topology, plan)
+    fabric.delays_on_nodes = on_nodes
+    probe_pair(fabric, plan, topology, "east", "west", pings=3, seconds=0, applied=lambda end: True)
+    assert len(fabric.argvs) == 4 and all(("--user-time" in argv) is on_nodes for argv in fabric.argvs)
+
+
+@pytest.mark.parametrize("path,dcs,applied,held", [
+    (0.05, 0.03, 20.0, (0.05, "path")),
+    (None, 0.03, 20.0, (0.03, "dcs")),  # every marked ping lost
+    (10.05, 0.03, 20.0, (0.03, "dcs")),  # delayed one way after all (a rule or class that is not there)
+    (0.05, None, 20.0, (0.05, "path")),
+    (0.05, 0.03, 0.0, (0.05, "path")),  # nothing applied: nothing to be delayed by
+])
+def test_a_path_floor_is_held_unless_the_marked_pings_were_delayed_after_all(path, dcs, applied, held):
+    assert held_floor(path, dcs, applied) == held
 
 
 @pytest.mark.parametrize("fields,shaper,measurable", [

@@ -215,6 +215,7 @@ class SlurmFabric(Fabric[SlurmPlan]):
     """The nodes of one Slurm job."""
 
     link_faults = True  # a live change is a root step on the touched nodes (sudo); refused under the Prolog alone
+    delays_on_nodes = True  # each receiving node runs its own delay line (jobplan)
 
     def __init__(self, prefix: str, topology: Topology, options: Any,
                  on_progress: Callable[[str], None] | None = None) -> None:

@@ -98,6 +98,7 @@ DELAY_LINE_GONE = 17  # a re-shape script's exit status when the host's delay li
 class SshFabric(Fabric[HostsPlan]):
     """Shaping and processes on inventory hosts; the controller keeps the record of every change."""
 
+    delays_on_nodes = True  # the userspace delay line runs on the receiving host (testbed.plan.hosts)
     link_faults = True  # a fault is a live re-shape: `tc change` on the sending hosts, the receiving delay lines
     node_shells = True  # each host's kept-open shell (re-shapes, signals, a straggler's loop)
 
