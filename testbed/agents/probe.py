@@ -40,13 +40,13 @@ import time
 
 from testbed import settings
 from testbed.agents.realtime import fifo
+from testbed.plan.delayline import DSCP_BITS
 
 PING = struct.Struct("!QQ")  # sequence, send time in ns (the realtime clock, as the kernel's receive time)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # asm-generic/socket.h; the module lacks the name
 TIMESPEC = struct.Struct("@qq")  # struct timespec on a 64-bit kernel: seconds, nanoseconds
 ANCILLARY_SPACE = socket.CMSG_SPACE(TIMESPEC.size) + socket.CMSG_SPACE(4)  # a receive time and a TOS byte
 TOS = struct.Struct("@i")  # IP_TOS as sendmsg's ancillary data takes it
-DSCP_BITS = 0xFC  # of the TOS byte (the other two are ECN's)
 DWELL = struct.Struct("!Q")  # what an echo appends to a ping: ns from its kernel's receive time to its answer
 CHUNK = 256 * 1024
 RT_ENV, RT_PRIORITY = settings.PROBE_RT, 5  # the delay line's worker runs at 10: it must not wait for a probe

@@ -14,6 +14,7 @@ DELAY_LINE_QUEUE_MIN = 4096  # packets a delay-line queue holds at least (NFQUEU
 # shaped pings, for what the path takes unshaped (testbed.runner.fidelity). 63 is unassigned (RFC 2474's pool 2,
 # experimental or local use) and nothing testbed runs marks its traffic.
 UNSHAPED_DSCP = 63
+DSCP_BITS = 0xFC  # a DSCP's six bits of the IP TOS byte (the other two are ECN's)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from testbed.plan.delayline import UNSHAPED_DSCP, DelayLineSpec
+from testbed.plan.delayline import DSCP_BITS, UNSHAPED_DSCP, DelayLineSpec
 from testbed.spec.link import AUTO_QUEUE_MIN, MTU_FRAME, UNSHAPED_REFERENCE_RATE, LinkParams  # noqa: F401 (queue sizing lives with LinkParams)
 
 Shaper = Literal["netem", "userspace-delay"]
@@ -34,7 +34,6 @@ HTB_BURST_MIN = 16 * 1024
 
 ROOT = "root"
 UNSHAPED_MINOR = 0x3F  # the class beside a netem class that packets marked UNSHAPED_DSCP take (1:3f)
-TOS_DSCP_MASK = 0xFC  # the DSCP's six bits of the TOS byte (the other two are ECN's)
 
 
 def tc_handle(major: int, minor: int = 0) -> int:
@@ -215,7 +214,7 @@ def tos_key(tos: int) -> tuple[int, int]:
     """A u32 key (value, mask) on the IPv4 header's first word that matches `tos`'s DSCP bits: the version nibble
     (4) is matched too, so that both renderers give the kernel the same key at offset 0 (pyroute2 starts a key
     at its first masked byte: DSCP alone would become a key at offset 1, `tc ... match ip tos` one at 0)."""
-    return 0x40000000 | tos << 16, 0xF0000000 | TOS_DSCP_MASK << 16
+    return 0x40000000 | tos << 16, 0xF0000000 | DSCP_BITS << 16
 
 
 def _bits(rate_bytes: int) -> str:

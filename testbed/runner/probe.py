@@ -154,16 +154,13 @@ def floors_beside(fabric: Fabric, plan: NetworkPlan, topology: Topology, dcs: tu
     started = {}
     out: dict[str, float | None] = {}
     try:
-        for dc in dcs:
-            pinger, target = floor_node(plan, topology, dc)
-            args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval),
-                    *_timing(fabric)]
-            started[dc] = (pinger, args, _start_agent(fabric, pinger, args))
+        pingers = {dc: (*floor_node(plan, topology, dc), ()) for dc in dcs}
         if path is not None:
-            pinger, target = path
+            pingers[PATH] = (*path, ("--dscp", str(UNSHAPED_DSCP)))
+        for key, (pinger, target, marks) in pingers.items():
             args = ["rtt", target, "--port", str(PORT), "--count", str(pings), "--interval", str(interval),
-                    *_timing(fabric), "--dscp", str(UNSHAPED_DSCP)]
-            started[PATH] = (pinger, args, _start_agent(fabric, pinger, args))
+                    *_timing(fabric), *marks]
+            started[key] = (pinger, args, _start_agent(fabric, pinger, args))
         yield out
         for dc, (pinger, args, proc) in started.items():
             rtts = _agent_answer(proc, pinger, args, timeout=120 + pings * interval * 2)["rtts"]

@@ -163,24 +163,31 @@ def test_a_round_trip_leaves_out_how_long_the_echo_held_the_ping(turnaround, hel
     assert all(value < 0.005 for value in result["rtts"]) is not held, result["rtts"]
 
 
-@pytest.mark.parametrize("tos", [0, UNSHAPED_DSCP << 2])
-def test_the_echo_answers_with_the_pings_mark_and_how_long_it_held_it(tos):
-    """A ping marked UNSHAPED_DSCP must come back marked, or the answer is delayed on its way back (the probe's
-    floor would read one way shaped); the answer carries the echo's turnaround, from its kernel's receive time."""
-    server = _agent("serve", "--port", "5393")
+def _one_answer(port: int, tos: int = 0, *serve: str) -> tuple[bytes, list]:
+    """Start the agent's echo with `serve`'s options, send it one ping marked `tos` and return its answer and the
+    answer's ancillary data (its TOS byte)."""
+    server = _agent("serve", "--port", str(port), *serve)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         assert "ready" in server.stdout.readline()
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
         sock.settimeout(10)
-        sock.sendto(probe.PING.pack(7, 1234), ("127.0.0.1", 5393))
+        sock.sendto(probe.PING.pack(7, 1234), ("127.0.0.1", port))
         data, ancillary, _, _ = sock.recvmsg(64, socket.CMSG_SPACE(4))
     finally:
         sock.close()
         server.kill()
         server.wait()
     assert probe.PING.unpack_from(data) == (7, 1234) and len(data) == probe.PING.size + probe.DWELL.size
+    return data, ancillary
+
+
+@pytest.mark.parametrize("tos", [0, UNSHAPED_DSCP << 2])
+def test_the_echo_answers_with_the_pings_mark_and_how_long_it_held_it(tos):
+    """A ping marked UNSHAPED_DSCP must come back marked, or the answer is delayed on its way back (the probe's
+    floor would read one way shaped); the answer carries the echo's turnaround, from its kernel's receive time."""
+    data, ancillary = _one_answer(5393, tos)
     assert 0 <= probe.DWELL.unpack_from(data, probe.PING.size)[0] < 1e9  # ns, and not the epoch
     assert probe.tos_of(ancillary) == tos
 
@@ -188,19 +195,7 @@ def test_the_echo_answers_with_the_pings_mark_and_how_long_it_held_it(tos):
 def test_the_echo_answers_with_the_mark_but_not_the_ecn_bits():
     """A ping marked and ECN-capable (ECT(0)) gets an answer marked, without the ECN bits: those are the sender's
     transport's, not the echo's."""
-    server = _agent("serve", "--port", "5394")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        assert "ready" in server.stdout.readline()
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, UNSHAPED_DSCP << 2 | 0b10)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        sock.settimeout(10)
-        sock.sendto(probe.PING.pack(1, 2), ("127.0.0.1", 5394))
-        _, ancillary, _, _ = sock.recvmsg(64, socket.CMSG_SPACE(4))
-    finally:
-        sock.close()
-        server.kill()
-        server.wait()
+    _, ancillary = _one_answer(5394, UNSHAPED_DSCP << 2 | 0b10)
     assert probe.tos_of(ancillary) == UNSHAPED_DSCP << 2
 
 
@@ -209,16 +204,6 @@ def test_a_node_whose_kernel_delays_what_it_receives_times_in_user_space(user_ti
     """--user-time (Fabric.delays_on_nodes): the echo reports no turnaround, since its kernel's receive time would
     predate a delay line's hold on the same node and the pinger would take the hold off; with kernel time it reports
     its own (a few microseconds here, never 0 ns)."""
-    server = _agent("serve", "--port", "5395", *(["--user-time"] if user_time else []))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        assert "ready" in server.stdout.readline()
-        sock.settimeout(10)
-        sock.sendto(probe.PING.pack(3, 4), ("127.0.0.1", 5395))
-        data = sock.recv(64)
-    finally:
-        sock.close()
-        server.kill()
-        server.wait()
+    data, _ = _one_answer(5395, 0, *(["--user-time"] if user_time else []))
     dwell = probe.DWELL.unpack_from(data, probe.PING.size)[0]
     assert (dwell == 0) is user_time, dwell
