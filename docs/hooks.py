@@ -447,6 +447,18 @@ def gallery_page(kind: str, path: Path, prediction: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+REPO_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s]+)\)")
+
+
+def changelog_page() -> str:
+    """CHANGELOG.md as the site's changelog.md: its links are relative to the repository root (as GitHub shows the
+    file), the site serves it from docs/, so a link to docs/X becomes X; a link elsewhere in the repository is left as
+    written, and the strict build names it as the dead link it would be on the site."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    return REPO_LINK.sub(lambda m: "](" + (m.group(1)[len("docs/"):] if m.group(1).startswith("docs/")
+                                            else m.group(1)) + ")", text)
+
+
 # --- mkdocs hooks -----------------------------------------------------------------------------------------------
 
 def pages(scratch: Path) -> dict[str, str | bytes]:
@@ -454,7 +466,7 @@ def pages(scratch: Path) -> dict[str, str | bytes]:
     scenarios' predictions write."""
     out: dict[str, str | bytes] = {"reference/cli.md": cli_page(), "reference/formats.md": formats_page(),
            "reference/strategies.md": strategies_page(), "reference/environment.md": environment_page(),
-           "changelog.md": (ROOT / "CHANGELOG.md").read_text()}
+           "changelog.md": changelog_page()}
     for kind, path in shipped():
         prediction = ""
         if kind == "scenario":
