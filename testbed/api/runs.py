@@ -1,7 +1,7 @@
 """Runs: an experiment cell by cell, or the user's own command on every rank, into a run directory; the
 report of a run directory; two runs side by side; a run's verdicts (cells, thresholds, regressions).
 
-A run brings its own testbed up and down (testbed.runner.experiment, under a prefix of its own unless one is
+A run brings its own testbed up and down (testbed.runner.session, under a prefix of its own unless one is
 given): the runner's fabric() is the same "brought up, always torn down" as testbed.api.testbed()."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run_command(topology: Path, command: list[str], out_dir: Path = Path("result
     """Bring your own workload: `command` run as every rank of `topology` (torchrun's environment), stopped
     after `timeout` seconds, with the figures of an experiment's cell (and with `baseline`, first one with every
     inter-DC link unshaped); its run directory. A full disk is a UserError (exit 1)."""
-    from testbed.runner.experiment import run_command as run_it
+    from testbed.runner.command import run_command as run_it
     from testbed.runner.space import OutOfSpace
 
     if not command:

@@ -11,12 +11,16 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
+from testbed.atomic import write_text as atomic_write
 from testbed.fabric import registry
 from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed
 from testbed.runner.links import calibrate as probe_links
 from testbed.runner.links import counter_delta, inter_dc_counters, node_tcp
 from testbed.runner.ranks import RankGroup, rank_layout
+from testbed.spec.experiment import Experiment
+
+CALIBRATION_FILE = "calibration.json"  # testbed.model.predict.CALIBRATION_FILE: where it reads it from a run
 
 
 def benchmark_argv(sizes: list[int] | None = None, preset: str | None = None, micro_batch: int = 4,
@@ -97,3 +101,19 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     measured["shared_clock"] = registry.get(testbed.state.backend).shared_clock
     (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
     return fit(testbed.topology, measured, ranks_per_node)
+
+
+def calibrate_for_model(testbed: Testbed, run_dir: Path, experiment: Experiment, progress: Any = None,
+                        forks: Forks | None = None) -> None:
+    """The cost model's calibration for this run (collective micro-benchmarks over the links as the topology
+    sets them, the model's compute profile), written to the run directory; its ranks forked by the run's fork
+    server where there is one. A failure is recorded, not fatal: the cells still run, without predictions."""
+    if progress:
+        progress.console.print("[dim]calibrating the cost model (collective micro-benchmarks)[/dim]")
+    try:
+        calibration = calibrate_testbed(testbed, run_dir / "calibration", experiment,
+                                        ranks_per_node=experiment.workload.ranks_per_node, forks=forks)
+    except Exception as error:  # the run goes on without predictions
+        atomic_write(run_dir / "calibration-failed.txt", f"{type(error).__name__}: {error}\n")
+        return
+    calibration.save(run_dir / CALIBRATION_FILE)

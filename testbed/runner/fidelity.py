@@ -23,6 +23,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from testbed.agents.delayline.release import lateness_delta, lateness_summary
+from testbed.fabric.lifecycle import Testbed
 from testbed.plan.view import LinkEnd
 
 DEFINITION = ("error = measured RTT median - (applied RTT + floor); floor = the same path's unshaped round trip "
@@ -87,3 +89,54 @@ def below_compensation(key: str, figures: dict) -> str:
     if latency is None or least is None or latency <= 0 or latency >= least:
         return ""
     return f"{key}: {latency:.3f} ms is below the delay line's own {least:.3f} ms, not compensated"
+
+
+LATE_FLAG_FRACTION, LATE_FLAG_FLOOR_MS = 0.05, 1.0  # the emulator itself is too late above max(5 % of delay, 1 ms)
+
+
+def late_bound_ms(delay_ms: float) -> float:
+    """p99 lateness of the delay line above which a cell's figures carry emulator error, not just endpoints'."""
+    return max(LATE_FLAG_FRACTION * delay_ms, LATE_FLAG_FLOOR_MS)
+
+
+def delay_line_cpu_s(before: dict, after: dict) -> float | None:
+    """CPU seconds the delay lines' workers spent between two stats snapshots (direction key -> figures): one
+    worker per gateway, which serves every direction arriving there (a->b is delayed in b's), counted once; a worker
+    that replaced the one before counts from its start; a gateway with no figure before counts nothing (what it
+    spent earlier is unknown). None where no worker says."""
+    earlier = _workers(before)
+    spent = []
+    for gateway, now in _workers(after).items():
+        then = earlier.get(gateway, [])
+        worker, cpu = now[0]["worker"], max(f["worker_cpu_s"] for f in now)
+        same = [f["worker_cpu_s"] for f in then if f["worker"] == worker]
+        if same:
+            spent.append(cpu - min(same))
+        elif then:
+            spent.append(cpu)  # restarted during the cell
+    return sum(spent) if spent else None
+
+
+def _workers(snapshot: dict) -> dict[str, list[dict]]:
+    """A stats snapshot's figures that carry the worker's CPU, by gateway (the direction's receiving DC)."""
+    out: dict[str, list[dict]] = {}
+    for key, figures in snapshot.items():
+        if figures.get("worker_cpu_s") is not None:
+            out.setdefault(key.split("->")[-1], []).append(figures)
+    return out
+
+
+def delay_line_lateness(testbed: Testbed, before: dict, after: dict) -> dict[str, dict]:
+    """Per delayed direction: how late the delay line released this cell's packets against their due times, and
+    how its worker was scheduled (fifo, or other: where the machine refused real-time priority)."""
+    out = {}
+    for key, figures in sorted(after.items()):
+        summary = lateness_summary(lateness_delta(before.get(key, {}), figures))
+        delay_ms = testbed.plan.link_end(key).shaping.params.latency * 1e3
+        out[key] = {**summary, "scheduling": figures.get("scheduling"), "delay_ms": delay_ms,
+                    "bound_ms": late_bound_ms(delay_ms),
+                    "late": summary["p99_ms"] is not None and summary["p99_ms"] > late_bound_ms(delay_ms),
+                    # its own path, taken back (p50_ms above is the residual); a delay below least_ms is not
+                    **{name: figures.get(name) for name in ("compensation_ms", "least_ms")},
+                    "below_compensation": below_compensation(key, {**figures, "latency_ms": delay_ms})}
+    return out

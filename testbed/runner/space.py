@@ -126,3 +126,20 @@ def stop_when_full(run_dir: Path, total: int, resume: list[str] | None = None) -
         if not is_full(error):
             raise
         raise OutOfSpace(full_line(run_dir, total, resume)) from error
+
+
+def room_for_cell(run_dir: Path, needed: int, total: int, resume: list[str] | None) -> None:
+    """Stop before a cell whose files cannot be written (its estimate is more than the space left)."""
+    if free_bytes(run_dir) < needed:
+        raise OutOfSpace(full_line(run_dir, total, resume))
+
+
+def failed_for_room(cell_dir: Path, result: dict, needed: int, total: int, resume: list[str] | None) -> None:
+    """A cell that failed while the disk was full (its ranks could not write) is not kept as a failure: its
+    result goes (--resume runs it again) and the run stops."""
+    if result["status"] == "ok":
+        return
+    said = any("No space left" in line for line in result.get("log_tail") or [])
+    if said or free_bytes(cell_dir) < needed:
+        (cell_dir / "result.json").unlink(missing_ok=True)
+        raise OutOfSpace(full_line(cell_dir.parent.parent, total, resume))

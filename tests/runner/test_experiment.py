@@ -1,8 +1,8 @@
-"""What a cell's result says of the delay lines' CPU (testbed.runner.experiment), from two stats snapshots."""
+"""What a cell's result says of the delay lines' CPU (testbed.runner.fidelity), from two stats snapshots."""
 
 import pytest
 
-from testbed.runner.experiment import delay_line_cpu_s
+from testbed.runner.fidelity import delay_line_cpu_s
 
 
 def direction(worker: int, cpu: float | None) -> dict:

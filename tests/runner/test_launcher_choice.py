@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.fabric.errors import FabricError
-from testbed.runner.experiment import launcher_forks
+from testbed.runner.forks import launcher_forks
 from testbed.runner.ranks import workload_argv
 from tests.support.fake_backend import FakeBackend, FakeOptions
 

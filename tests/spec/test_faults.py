@@ -176,7 +176,7 @@ def test_the_report_lists_fault_windows_and_sdc_and_shades_the_windows(tmp_path)
 def test_result_sdc_joins_injections_with_their_detections_and_keeps_false_alarms(tmp_path):
     import json
 
-    from testbed.runner.experiment import sdc_record
+    from testbed.runner.sdc import sdc_record
 
     lines = {0: [{"event": "step", "step": 2, "sdc_check_s": 0.01},  # a step record also names sdc_check_s
                  {"event": "sdc_detected", "rank": 2, "step": 7, "target": "parameter", "detected_by": "param-checksum",
