@@ -78,8 +78,9 @@ def dry_run(topology: Path | Topology | dict[str, Any], *, prefix: str, shaper: 
 
 
 def up(topology: Path | Topology | dict[str, Any], *, prefix: str, shaper: str = "auto", backend: str | Backend = "netns",
-       on_progress: Progress | None = None, source: Path | None = None) -> dict[str, Any]:
-    """Bring `topology` up and leave it running (this process holds it until it ends or `down`). What came up:
+       on_progress: Progress | None = None, source: Path | None = None, replace: bool = False) -> dict[str, Any]:
+    """Bring `topology` up and leave it running (this process holds it until it ends or `down`); a testbed of the
+    same prefix that is still up is refused in one line naming it (StillUp), or replaced with `replace`. What came up:
     name, dcs, nodes, shaper, and the link parameters this kernel could not apply (not_applied: key -> names,
     reason). A stop requested meanwhile (handle_signals) takes it down again and raises KeyboardInterrupt."""
     from testbed.fabric import cancel
@@ -89,7 +90,7 @@ def up(topology: Path | Topology | dict[str, Any], *, prefix: str, shaper: str =
     file = source or (topology if isinstance(topology, Path) else None)
     with user_errors():
         testbed = bring_up(spec, prefix=prefix, shaper=shaper, topology_file=file, on_progress=on_progress,
-                           backend=_backend(backend))
+                           backend=_backend(backend), replace=replace)
     if cancel.requested():  # a stop that landed where it could not interrupt: honour it now
         tear_down(prefix)
         raise KeyboardInterrupt

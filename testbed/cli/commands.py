@@ -132,10 +132,13 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
        known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
        image: Optional[str] = ImageOption, prefix: str = PrefixOption,
        output: str = typer.Option("table", "--output", metavar="table|json|csv", help="With --dry-run: table (for "
-                                  "people) | json (the whole plan) | csv (one row per link end, host or container).")
+                                  "people) | json (the whole plan) | csv (one row per link end, host or container)."),
+       replace: bool = typer.Option(False, "--replace", help="Tear down a testbed of the same prefix that is still "
+                                    "up and bring this one up instead (without it, `up` refuses to).")
        ) -> None:
-    """Bring a topology up (namespaces here, containers, or shaping on inventory hosts over SSH); cleans a stale
-    one first."""
+    """Bring a topology up (namespaces here, containers, or shaping on inventory hosts over SSH). A testbed of the
+    same prefix that is still up (someone's, from an earlier `up`) is refused unless --replace; what a crashed run
+    left is cleaned first."""
     _guard(lambda: api.check_shaper(shaper))
     chosen = _backend(backend, inventory, known_hosts, accept_new, image)
     spec = _guard(lambda: api.load_topology(topology))
@@ -155,7 +158,7 @@ def up(topology: Path = typer.Argument(..., help="Topology YAML file."),
         return
     api.handle_signals()
     brought = _guard(lambda: api.up(spec, prefix=prefix, shaper=shaper, backend=chosen, on_progress=_progress,
-                                    source=topology))
+                                    source=topology, replace=replace))
     out.print(f"[green]up[/green] {brought['name']}: {brought['dcs']} DCs, {brought['nodes']} nodes, shaper "
               f"{brought['shaper']}")
     for key, names in brought["not_applied"].items():

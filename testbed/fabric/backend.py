@@ -84,6 +84,11 @@ class Backend(ABC, Generic[PlanT]):
         """Whether an earlier testbed with this prefix must be torn down before this one comes up."""
         return saved is not None
 
+    def still_up(self, prefix: str, saved: FabricState | None) -> bool:
+        """Whether what an earlier testbed with this prefix built is still there (a state file of a backend that
+        cannot look without reaching its hosts counts as there)."""
+        return self.stale(prefix, saved)
+
     def new_state(self) -> BackendState:
         """This backend's record for the state file of a testbed it is about to bring up."""
         return self.State()

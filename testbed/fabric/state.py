@@ -86,6 +86,22 @@ class FabricState:
     # link faults in force, in the order applied: fault id -> direction key -> {"original", "impaired"} (LinkParams
     # fields), written before the change is made, so that a later process can restore the link exactly
     faults: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    # who brought it up and when (testbed.fabric.ownership.command_line, UTC ISO 8601), and whether a run did so
+    # under a prefix of its own (claim_free): a later `up` of the same prefix refuses to replace one a person kept
+    created: str | None = None
+    command: str | None = None
+    auto: bool = False
+    pid: int | None = None  # the process that brought it up, and its start (testbed.fabric.ownership.Owner)
+    pid_start: int | None = None
+
+    def describe_origin(self) -> str:
+        """`topology two-dc (topologies/two-dc.yaml), brought up 2026-12-01 21:40:12 UTC by testbed up ...`."""
+        name = self.topology.get("name", "?")
+        where = f" ({self.topology_file})" if self.topology_file else ""
+        when = (self.created or "at an unknown time").replace("T", " ").removesuffix("+00:00")
+        when = f"{when} UTC" if self.created else when
+        by = f" by `{self.command}`" if self.command else ""
+        return f"topology {name}{where}, brought up {when}{by}"
 
     def override_params(self) -> dict[str, LinkParams]:
         return {key: LinkParams(**value) for key, value in self.overrides.items()}

@@ -40,6 +40,9 @@ class NetnsBackend(Backend[NetworkPlan]):
     def stale(self, prefix: str, saved: FabricState | None) -> bool:
         return saved is not None or bool(list_namespaces(prefix))
 
+    def still_up(self, prefix: str, saved: FabricState | None) -> bool:
+        return bool(list_namespaces(prefix))
+
     def make_fabric(self, prefix: str, topology: Topology, on_progress: Progress | None = None) -> NetnsFabric:
         return NetnsFabric(prefix, on_progress)
 
