@@ -3,7 +3,9 @@ queues, keep a status file, forward SIGHUP (a live `testbed shape`) to the worke
 
 A direction with nothing to do (no delay, jitter or loss: a 0 ms link) gets no rule: its packets then skip the
 delay line's own path (two NFQUEUE passes and two wake-ups a round trip, 0.1-0.3 ms here) that no compensation can
-take back. A live change that gives it something to do adds its rule (SIGHUP: the config is read again)."""
+take back. A live change that gives it something to do adds its rule (SIGHUP: the config is read again); one that
+leaves it nothing to do deletes it: the quickstart's 0 ms cells, after its 20 ms ones had added the rules, went
+through the delay line and were released 0.2-0.3 ms late at p99 (bench/delay_line_under_load.py)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,22 @@ def _add_rules(work: list[DelayDirection], status: DelayLineStatus) -> str | Non
     return None
 
 
+def _drop_rules(work: list[DelayDirection], status: DelayLineStatus) -> str | None:
+    """Delete the rule of every direction a live change left with nothing to do (a 0 ms cell after a 20 ms one): its
+    packets then skip the delay line's path, as they would had it started so; or what failed. Packets it already
+    holds leave when due (those arriving meanwhile may overtake them, as netem's do when its delay falls)."""
+    for item in work:
+        rule = " ".join(item.rule())
+        if not has_work(item) and rule in status.rules:
+            delete = item.rule()
+            delete[delete.index("-A")] = "-D"
+            problem = _iptables(delete)
+            if problem:
+                return problem
+            status.rules.remove(rule)
+    return None
+
+
 def supervise(config_path: str) -> int:
     """Run (and re-run) the worker; set the iptables rules once it is bound; keep a status file."""
     files = DelayLineFiles.of_config(config_path)
@@ -74,7 +92,8 @@ def supervise(config_path: str) -> int:
         """A live change: the rules of directions that now have work first, then the worker reads its config."""
         if not status.ready:
             return  # not serving yet: the rules are added from the config as it is then
-        problem = _add_rules(load_config(files.config.read_text()), status)
+        work = load_config(files.config.read_text())
+        problem = _add_rules(work, status) or _drop_rules(work, status)
         if problem:
             print(f"delayline: {problem}", flush=True)
         status.write(files.status)
