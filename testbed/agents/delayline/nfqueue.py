@@ -102,10 +102,11 @@ class _ManyReader:
         self._args = (fd, ctypes.addressof(messages), READ_SLOTS, socket.MSG_DONTWAIT, None)
         self.stride, self.length_at = ctypes.sizeof(_MMsgHdr), _MMsgHdr.length.offset
 
-    def read(self) -> int:
-        """How many messages came (0: none waiting); message i is in buf at i * READ_SLOT, its length at
-        headers[i * stride + length_at]."""
-        got = self._call(*self._args)
+    def read(self, slots: int = READ_SLOTS) -> int:
+        """How many messages came, `slots` at most (0: none waiting); message i is in buf at i * READ_SLOT, its
+        length at headers[i * stride + length_at]."""
+        fd, messages, _, flags, timeout = self._args
+        got = self._call(fd, messages, min(slots, READ_SLOTS), flags, timeout)
         if got >= 0:
             return got
         code = ctypes.get_errno()
@@ -130,6 +131,7 @@ class QueueSocket:
         self._seq = 0
         self._buf = bytearray(4 * 1024 * 1024)
         self._accepts: dict[int, bytearray] = {}  # queue -> its batch verdict, the id written in at each send
+        self.more = False  # whether the last receive() stopped at its `most` with the queue perhaps not empty
         try:
             self._many: _ManyReader | None = _ManyReader(self.sock.fileno())
         except AttributeError:
@@ -165,25 +167,33 @@ class QueueSocket:
                                                                                  struct.pack("!I", flags))
         self._request(NFQNL_MSG_CONFIG, queue, params)
 
-    def receive(self) -> list[Packet]:
-        """Read what is waiting (non-blocking); returns the queued packets' metadata in arrival order."""
+    def receive(self, most: int = 4096) -> list[Packet]:
+        """Read what is waiting (non-blocking), stopping once `most` messages are read (a recvmmsg() reads
+        READ_SLOTS at once); returns the queued packets' metadata in arrival order. `more` then says whether it
+        stopped at `most` (the queue may hold more) rather than at an empty queue."""
         packets: list[Packet] = []
+        self.more = True
         many = self._many
         if many is not None:
             buf, headers, stride, length_at, length = many.buf, many.headers, many.stride, many.length_at, _UINT.unpack_from
-            while len(packets) <= 4096:
-                got = many.read()
+            read = 0
+            while read < most:
+                slots = min(READ_SLOTS, most - read)
+                got = many.read(slots)
+                read += got
                 for slot in range(got):
                     start = slot * READ_SLOT
                     _parse_into(buf, start + length(headers, slot * stride + length_at)[0], packets, start)
-                if got < READ_SLOTS:  # the queue was empty before the slots were full
+                if got < slots:  # the queue was empty before the slots were full
+                    self.more = False
                     break
             return packets
         recv_into, buf, room = self.sock.recv_into, self._buf, len(self._buf)
-        while len(packets) <= 4096:
+        for _ in range(most):
             try:
                 size = recv_into(buf, room, socket.MSG_DONTWAIT)
             except BlockingIOError:
+                self.more = False
                 break
             _parse_into(buf, size, packets)
         return packets

@@ -147,3 +147,26 @@ def test_a_batch_verdict_is_the_uapi_message_with_each_id_written_in():
     assert sent == [nfqueue._message(nfqueue.NFQNL_MSG_VERDICT_BATCH, number, nfqueue._attr(
         nfqueue.NFQA_VERDICT_HDR, struct.pack("!II", nfqueue.NF_ACCEPT, packet_id)))
         for number, packet_id in [(7, 3), (300, 9), (7, 2**32 - 1), (7, 4)]]
+
+
+@pytest.mark.parametrize("many", [True, False], ids=["recvmmsg", "recv"])
+def test_a_bounded_read_takes_that_many_messages_and_says_more_may_wait(many):
+    """A read that can wait takes a few messages at a time (the worker releases what is due between two): `most`
+    messages, in order, with `more` set while the queue was not found empty; the last bite finds it empty."""
+    count = 11
+    messages = []
+    for number in range(count):
+        data = bytearray(QUEUED[number % 3])
+        struct.pack_into("!I", data, 24, number + 1)
+        messages.append(bytes(data))
+    queue, theirs = _socket_with(messages, many)
+    try:
+        bites = []
+        while True:
+            bites.append([packet.packet_id for packet in queue.receive(4)])
+            if not queue.more:
+                break
+        assert bites == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11]]
+    finally:
+        queue.sock.close()
+        theirs.close()
