@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from testbed import settings
 from testbed.api.compose_file import compose
+from testbed.api.emulate import emulate, emulate_dry_run
 from testbed.api.errors import UserError, as_user_error, user_errors
 from testbed.api.measure import calibrate, probe, seconds
 from testbed.api.predictions import plan, whatif
@@ -45,6 +46,7 @@ from testbed.plan import DEFAULT_PREFIX
 
 __all__ = ["DEFAULT_PREFIX", "UserError", "as_user_error", "backend", "calibrate", "cells", "check", "check_hosts",
            "check_shaper", "clean", "clear_faults", "compare", "compose", "dead_delay_lines_line", "down", "dry_run",
+           "emulate", "emulate_dry_run",
            "exec_", "fault", "handle_signals", "load_topology", "plan", "probe", "report", "reset_stop", "run",
            "run_command", "run_progress", "seconds", "settings", "shape", "slurm_hook", "status", "testbed", "up", "user_errors",
            "whatif"]

@@ -568,6 +568,71 @@ def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Invento
 
 
 @app.command()
+def emulate(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenarios/)."),
+            points: str = typer.Option("reference", "--points", metavar="reference|distance|bandwidth|all",
+                                       help="Which points: the reference; every sweep distance at the reference "
+                                            "bandwidth (distance, with the reference); every bandwidth at the "
+                                            "reference distance; both sweeps."),
+            dry_run: bool = typer.Option(False, "--dry-run", help="Print the scale model it would run, group by "
+                                                                  "group beside the full scale (no root)."),
+            out_dir: Path = typer.Option(Path("results"), "-o", "--out", help="Results root."),
+            resume: bool = typer.Option(False, "--resume", help="Continue the latest scale-model run of it."),
+            launcher: str = typer.Option("auto", "--launcher", help="As `testbed run --launcher`."),
+            shaper: str = typer.Option("auto", help="auto | netem | userspace-delay"),
+            backend: str = BackendOption, inventory: Optional[Path] = InventoryOption,
+            known_hosts: Path = KnownHostsOption, accept_new: bool = AcceptNewOption,
+            image: Optional[str] = ImageOption,
+            prefix: Optional[str] = typer.Option(None, "--prefix", show_default="a free tb-runN-",
+                                                 help="Name prefix of every kernel object."),
+            output: str = OutputOption) -> None:
+    """Run a scenario's scale model: laptop-scale cells whose dimensionless groups match the full scale's, each with
+    its single-site baseline; emulate.csv and a report set measured efficiency beside both predictions."""
+    shown = _output(output)
+    if dry_run:
+        from testbed.cli.render import print_csv
+
+        rows = _guard(lambda: api.emulate_dry_run(scenario, points))
+        if shown == "json":
+            print(json.dumps(rows, indent=1))
+        elif shown == "csv":
+            print_csv(rows)
+        else:
+            from rich.table import Table
+
+            grid = Table("strategy", "point", "group", "full scale", "scale model", "unmatched")
+            for row in rows:
+                grid.add_row(row["strategy"], f"{row['distance_km']:g} km, {row['bandwidth_gbit']:g} Gbit/s",
+                             row["group"], _num(row["full_scale"]), _num(row["scale_model"]), row["unmatched"])
+            out.print(grid)
+        return
+    chosen_backend = _backend(backend, inventory, known_hosts, accept_new, image)
+    api.handle_signals()
+    progress = api.run_progress(err)
+    try:
+        result = _guard(lambda: api.emulate(scenario, out_dir, points=points, prefix=prefix, shaper=shaper,
+                                            backend=chosen_backend, launcher=launcher, resume=resume,
+                                            progress=progress))
+    finally:
+        progress.stop()
+    if shown == "json":
+        print(json.dumps({**{k: str(result[k]) for k in ("run_dir", "csv", "report")}, "rows": result["rows"]},
+                         indent=1, default=str))
+    elif shown == "csv":
+        from testbed.cli.render import print_csv
+
+        print_csv(result["rows"])
+    else:
+        out.print(f"[green]done[/green]: {result['run_dir']}\nemulate.csv: {result['csv']}\n"
+                  f"report: {result['report']}", highlight=False)
+    if any(row["status"] != "ok" for row in result["rows"]):
+        raise typer.Exit(1)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+@app.command()
 def down(prefix: str = PrefixOption) -> None:
     """Tear the testbed down (namespaces, interfaces, delay lines, state); refused while a live process holds it
     (a `testbed run` on it)."""
