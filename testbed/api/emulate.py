@@ -50,7 +50,7 @@ def scale_rows(cells: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def emulate_dry_run(scenario: Path, points: str = "reference", derive: Any = None) -> list[dict[str, Any]]:
+def emulate_dry_run(scenario: Path, points: str = "distance", derive: Any = None) -> list[dict[str, Any]]:
     """The scale model `testbed emulate` would run at `points`, group by group beside the full scale (no root)."""
     from testbed.spec.scenario import load_scenario
 
@@ -59,7 +59,7 @@ def emulate_dry_run(scenario: Path, points: str = "reference", derive: Any = Non
         return scale_rows(_derive(derive)(loaded, chosen))
 
 
-def emulate(scenario: Path, out_dir: Path = Path("results"), *, points: str = "reference",
+def emulate(scenario: Path, out_dir: Path = Path("results"), *, points: str = "distance",
             prefix: str | None = None, shaper: str = "auto", backend: str | Backend = "netns",
             launcher: str = "auto", resume: bool = False, progress: Any = None, derive: Any = None) -> dict[str, Any]:
     """Run the scenario's scale model at `points` under `out_dir`/<scenario>-emulate/<run> and report it: the run

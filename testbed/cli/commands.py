@@ -569,7 +569,7 @@ def hosts_check(inventory: Path = typer.Option(..., "--inventory", help="Invento
 
 @app.command()
 def emulate(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenarios/)."),
-            points: str = typer.Option("reference", "--points", metavar="reference|distance|bandwidth|all",
+            points: str = typer.Option("distance", "--points", metavar="reference|distance|bandwidth|all",
                                        help="Which points: the reference; every sweep distance at the reference "
                                             "bandwidth (distance, with the reference); every bandwidth at the "
                                             "reference distance; both sweeps."),

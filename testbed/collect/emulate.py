@@ -24,6 +24,7 @@ import pandas as pd
 from testbed.collect.frames import load_points, load_results, load_steps, summarise
 
 AGREE = 0.05  # issue 54: measured within 0.05 of the full-scale prediction
+TIE = 0.005  # efficiencies this close are a tie: the winner is every strategy within it ("a = b")
 CSV = "emulate.csv"
 REPORT = "emulate.md"
 PLOT = "emulate.png"
@@ -74,16 +75,17 @@ def table(run_dir: Path) -> pd.DataFrame:
 
 
 def winners(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per point (distance, bandwidth): the strategy with the highest efficiency by each of the three, and
-    whether the measured winner is the full-scale one."""
+    """Per point (distance, bandwidth): the strategy with the highest efficiency by each of the three (those within
+    TIE of it: a tie), and whether the measured winner is the full-scale one (a tie agrees where it shares one)."""
     rows = []
     for (distance, bandwidth), at in frame.groupby(["distance_km", "bandwidth_gbit"], sort=True):
         row = {"distance_km": distance, "bandwidth_gbit": bandwidth}
         for column, _ in EFFICIENCIES:
             known = at.dropna(subset=[column])
-            row[column.replace("efficiency_", "winner_")] = (known.loc[known[column].idxmax(), "strategy"]
-                                                              if not known.empty else None)
-        row["agree"] = row["winner_measured"] is not None and row["winner_measured"] == row["winner_full_scale"]
+            best = known[known[column] >= known[column].max() - TIE] if not known.empty else known
+            row[column.replace("efficiency_", "winner_")] = " = ".join(best["strategy"]) if not best.empty else None
+        measured, full = (set((row[k] or "").split(" = ")) - {""} for k in ("winner_measured", "winner_full_scale"))
+        row["agree"] = bool(measured & full)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -99,7 +99,7 @@ def latest_run(out_root: Path, name: str) -> Path | None:
     return runs[-1] if runs else None
 
 
-def run_emulate(scenario_path: Path, out_root: Path, *, points: str = "reference", prefix: str | None = None,
+def run_emulate(scenario_path: Path, out_root: Path, *, points: str = "distance", prefix: str | None = None,
                 shaper: str = "auto", backend: str | Backend = registry.DEFAULT, launcher: str = "auto",
                 progress: Any = None, resume: bool = False, derive: Derive | None = None,
                 calibration: Any = None) -> Path:

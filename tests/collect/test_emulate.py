@@ -93,3 +93,13 @@ def test_winners_by_each_efficiency_and_a_failed_cell(tmp_path):
                                                           "path": path}]))
     row = table(broken).iloc[0]
     assert row["status"].startswith("failed: flat-dp__r0") and row["efficiency_measured"] is None
+
+
+def test_a_tie_is_every_strategy_within_it_and_agrees_where_it_shares_one():
+    import pandas as pd
+
+    frame = pd.DataFrame([{"strategy": s, "distance_km": 10.0, "bandwidth_gbit": 1.0, "efficiency_full_scale": f,
+                           "efficiency_scale_model_predicted": f, "efficiency_measured": m}
+                          for s, f, m in (("a", 0.9, 0.80), ("b", 0.902, 0.857), ("c", 0.5, 0.86))])
+    row = winners(frame).iloc[0]
+    assert row["winner_full_scale"] == "a = b" and row["winner_measured"] == "b = c" and row["agree"]

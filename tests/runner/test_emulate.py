@@ -75,7 +75,7 @@ def test_emulate_runs_every_scale_cell_with_its_baseline_on_one_testbed(prefix, 
     monkeypatch.setattr(session, "bring_up", lambda *a, **k: brought_up.append(1) or real(*a, **k))
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(SCENARIO)
-    result = api.emulate(scenario, tmp_path / "out", prefix=prefix, derive=derive)
+    result = api.emulate(scenario, tmp_path / "out", points="reference", prefix=prefix, derive=derive)
     run_dir = result["run_dir"]
     assert run_dir.parent == tmp_path / "out" / "tiny-two-dc-emulate"
     rows = list(csv.DictReader(open(run_dir / "emulate.csv")))
