@@ -108,8 +108,8 @@ def explain(row: dict, figures: dict, tcp: dict) -> str:
     if figures.get("host_steal_flag"):
         reasons.append(f"the host's steal took {figures.get('host_steal', 0.0):.0%} of the CPU")
     if tcp.get("tcp_slow_start_after_idle") == "1":
-        reasons.append("TCP restarts slow start after an idle phase (net.ipv4.tcp_slow_start_after_idle=1): "
-                       "a sync after compute starts from the initial window")
+        reasons.append("possibly TCP's slow start after an idle phase (net.ipv4.tcp_slow_start_after_idle=1 on the "
+                       "nodes: a sync after compute starts again from the initial window)")
     return "; ".join(reasons) or "nothing recorded explains it"
 
 
