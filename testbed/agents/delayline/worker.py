@@ -17,7 +17,9 @@ waits for a wake-up past half that time, after that wake-up's verdict (or ends a
 comes first): many packets a read, one system call for up to nfqueue.READ_SLOTS of them, where it took a read per
 wake-up and two recv() a packet (one finding the queue empty). $TESTBED_DELAY_LINE_BATCH set to 0 watches the queue
 all the time and reads it at every wake-up (bench/link_fidelity.py compares both, and with --before the code of an
-earlier revision).
+earlier revision). A read that can wait takes CHUNK packets at a time and releases what is due before the next bite:
+under the quickstart's training a burst read at once (up to 199 packets) held the loop for up to 1.5 ms
+(bench/delay_line_under_load.py); one that must come first reads all.
 
 A verdict after a sleep is slow: its code, Python's and the kernel's, has gone cold, and the packet left the
 gateway 18 us after its due time where an unshaped gateway crossing takes 3 (bench/delay_line_path.py, the kernel's
