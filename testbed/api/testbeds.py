@@ -90,7 +90,7 @@ def up(topology: Path | Topology | dict[str, Any], *, prefix: str, shaper: str =
     file = source or (topology if isinstance(topology, Path) else None)
     with user_errors():
         testbed = bring_up(spec, prefix=prefix, shaper=shaper, topology_file=file, on_progress=on_progress,
-                           backend=_backend(backend), replace=replace)
+                           backend=_backend(backend), replace=replace, keep=True)
     if cancel.requested():  # a stop that landed where it could not interrupt: honour it now
         tear_down(prefix)
         raise KeyboardInterrupt

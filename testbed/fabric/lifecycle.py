@@ -2,10 +2,10 @@
 
 Bring-up: plan (pure: a bad topology or inventory fails before anything is probed or created), take the
 prefix's lock (testbed.fabric.ownership: refused while another live process holds it), resolve the shaper (which
-may probe a kernel or hosts), plan with it, tear down a stale testbed of the same prefix (its holder is gone, and a
-run left it or `replace` was asked; one that `testbed up` left for a person is refused: StillUp), save the state
-(first, so `clean` and a later `up` know about a half-built testbed), bring the plan up, and remove the state again
-if that fails and nothing is left to undo. The lock is held until tear_down, or until the process ends
+may probe a kernel or hosts), plan with it, tear down a stale testbed of the same prefix (its holder is gone; one
+that `testbed up` left for a person is refused while it is there, StillUp, unless `replace` is asked), save the
+state (first, so `clean` and a later `up` know about a half-built testbed), bring the plan up, and remove the state
+again if that fails and nothing is left to undo. The lock is held until tear_down, or until the process ends
 (`testbed up`)."""
 
 from __future__ import annotations
@@ -163,12 +163,12 @@ class StillUp(FabricError):
 
 def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_file: str | Path | None = None,
              on_progress: Progress | None = None, backend: str | Backend[Any] = registry.DEFAULT,
-             replace: bool = False) -> Testbed[Any]:
+             replace: bool = False, keep: bool = False) -> Testbed[Any]:
     """Build `topology`. Nothing is left behind on failure. `backend`: a registered name (with its default options)
     or a Backend (make_backend). HeldElsewhere while another live process holds the prefix; this process holds it
-    from here to tear_down (or its end). A testbed of the same prefix whose holder is gone is torn down first when a
-    run left it (a run's own prefix, claim_free), this very process did, or `replace` is asked; otherwise, while
-    what it built is still there (someone brought it up with `testbed up` and uses it by hand), StillUp."""
+    from here to tear_down (or its end). `keep`: the testbed is left up for a person (`testbed up`). A testbed of
+    the same prefix whose holder is gone is torn down first (a run's, a crashed one's), unless it was kept by another
+    process and what it built is still there (someone uses it by hand): then StillUp, or with `replace` torn down."""
     chosen = backend if isinstance(backend, Backend) else registry.get(backend)()
     source = topology_file or topology.name
     plan_of(chosen, topology, shaper, prefix, source)  # pure: fails before anything is probed or created
@@ -179,25 +179,23 @@ def bring_up(topology: Topology, *, prefix: str, shaper: str = "auto", topology_
     ownership.claim(prefix, "another testbed does not come up under its prefix")  # held until tear_down
     try:
         saved = state_store.load(prefix)
-        mine = ownership.holder(prefix)
-        auto = mine is not None and mine.auto
         stale = chosen.stale(prefix, saved)
         me = (os.getpid(), ownership.process_start(os.getpid()))
-        left_by_a_run = auto or (saved is not None and (saved.auto or (saved.pid, saved.pid_start) == me))
-        if stale and not (replace or left_by_a_run) and chosen.still_up(prefix, saved):
+        kept = saved is not None and saved.kept and (saved.pid, saved.pid_start) != me
+        if stale and kept and not replace and chosen.still_up(prefix, saved):
             raise StillUp(prefix, saved)  # before anything is probed
         resolved = chosen.resolve_shaper(shaper, topology, on_progress)
         plan = plan_of(chosen, topology, resolved, prefix, source)
         if stale:
             if on_progress:
-                why = "replaced (--replace)" if replace and not left_by_a_run else "whose owner is gone"
+                why = "replaced (--replace)" if kept else "whose owner is gone"
                 on_progress(f"removing a previous testbed ({prefix}*) {why}")
             _remove(prefix)
         state = state_store.FabricState(chosen.name, prefix, resolved,
                                         topology.model_dump(mode="json", exclude_unset=False),
                                         str(topology_file) if topology_file else None, backend_state=chosen.new_state(),
                                         created=datetime.now(UTC).isoformat(timespec="seconds"),
-                                        command=ownership.command_line(), auto=auto, pid=os.getpid(),
+                                        command=ownership.command_line(), kept=keep, pid=os.getpid(),
                                         pid_start=ownership.process_start(os.getpid()))
         state_store.save(state)  # first, so `clean` and a later `up` know about a half-built testbed
         fabric = chosen.make_fabric(prefix, topology, on_progress)

@@ -86,11 +86,11 @@ class FabricState:
     # link faults in force, in the order applied: fault id -> direction key -> {"original", "impaired"} (LinkParams
     # fields), written before the change is made, so that a later process can restore the link exactly
     faults: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
-    # who brought it up and when (testbed.fabric.ownership.command_line, UTC ISO 8601), and whether a run did so
-    # under a prefix of its own (claim_free): a later `up` of the same prefix refuses to replace one a person kept
+    # who brought it up and when (testbed.fabric.ownership.command_line, UTC ISO 8601), and whether it was left up
+    # for a person (`testbed up`): a later bring-up of the same prefix refuses to replace a kept one
     created: str | None = None
     command: str | None = None
-    auto: bool = False
+    kept: bool = False
     pid: int | None = None  # the process that brought it up, and its start (testbed.fabric.ownership.Owner)
     pid_start: int | None = None
 

@@ -183,24 +183,19 @@ def test_a_bring_up_that_fails_with_nothing_left_leaves_no_lock_file():
     assert not ownership.lock_path("tbo-").exists()
 
 
-def _up_in_another_process(prefix: str = PREFIX, how: str = "hold") -> str:
-    """`testbed up` in a shell of its own: brought up, then the process ends (how="auto": a run's own prefix)."""
-    claim = "ownership.claim_free(PREFIX.rstrip('-'))" if how == "auto" else "None"
+def _up_in_another_process(keep: bool) -> None:
+    """A bring-up in a shell of its own, then the process ends: `testbed up` (keep) or a run that was killed."""
     script = ("import sys\nsys.argv = ['testbed', 'up', 'duo.yaml']\n"
-              "from testbed.fabric import lifecycle, ownership, registry\n"
+              "from testbed.fabric import lifecycle, registry\n"
               "from tests.fabric.test_ownership import TOPOLOGY, PREFIX\n"
               "registry.register('fake', 'tests.support.fake_backend:FakeBackend')\n"
-              f"auto = {claim}\n"
-              f"lifecycle.bring_up(TOPOLOGY, prefix=auto or {prefix!r}, backend='fake', topology_file='duo.yaml')\n"
-              "print(auto or '')\n")
-    up = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                        text=True, timeout=60)
+              f"lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend='fake', topology_file='duo.yaml', keep={keep})\n")
+    up = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
-    return up.stdout.strip()
 
 
 def test_a_testbed_someone_brought_up_is_not_replaced_unless_asked():
-    _up_in_another_process()
+    _up_in_another_process(keep=True)
     LOG.clear()
     with pytest.raises(lifecycle.StillUp, match=rf"^testbed {PREFIX} \(topology duo \(duo.yaml\), brought up "
                                                 r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by `testbed up duo.yaml`\) is still "
@@ -209,15 +204,20 @@ def test_a_testbed_someone_brought_up_is_not_replaced_unless_asked():
     assert LOG == [] and state_store.load(PREFIX).command == "testbed up duo.yaml"  # untouched
     assert ownership.holder(PREFIX) is None  # the refused bring-up does not keep it
     lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake", replace=True)
-    assert [entry[0] for entry in LOG if entry[0] == "clean"] == ["clean", "clean"]
+    assert [entry[0] for entry in LOG].count("clean") == 2
     assert state_store.load(PREFIX).pid == os.getpid()
     lifecycle.tear_down(PREFIX)
 
 
-def test_what_a_dead_run_left_under_its_own_prefix_is_cleaned_without_asking():
-    prefix = _up_in_another_process(how="auto")
-    assert prefix.startswith(PREFIX.rstrip("-")) and state_store.load(prefix).auto
+def test_what_a_dead_run_left_is_cleaned_without_asking():
+    _up_in_another_process(keep=False)
     LOG.clear()
-    lifecycle.bring_up(TOPOLOGY, prefix=prefix, backend="fake")
+    lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
     assert [entry[0] for entry in LOG].count("clean") == 2
-    lifecycle.tear_down(prefix)
+    lifecycle.tear_down(PREFIX)
+
+
+def test_a_testbed_this_process_kept_is_its_own_to_replace():
+    lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake", keep=True)
+    lifecycle.bring_up(TOPOLOGY, prefix=PREFIX, backend="fake")
+    lifecycle.tear_down(PREFIX)

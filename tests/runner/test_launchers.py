@@ -90,6 +90,13 @@ def _forkservers() -> list[int]:
     return pids
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _start_fork_run(tmp_path: Path) -> subprocess.Popen:
     """`testbed run --launcher fork` of a long flat-dp cell, in the background."""
     path = write(tmp_path, steps=400, strategies="[flat-dp]", timeout=60)
@@ -144,7 +151,9 @@ def test_the_fork_server_and_its_ranks_go_when_the_runner_is_killed(prefix, tmp_
     proc = _start_fork_run(tmp_path)
     try:
         _while_running(proc, lambda: _rank3_metrics(tmp_path))
-        ours = set(_forkservers()) - before
+        inside = {pid for name, pids in netns.ns_pids().items() if name.startswith(prefix) for pid in pids}
+        children = {pid for pid in _forkservers() if _parent(pid) == proc.pid}  # the server: the runner's child
+        ours = (set(_forkservers()) - before) & (inside | children)  # not another run's started meanwhile
         assert len(ours) == 5  # the server and its four ranks
         proc.kill()  # SIGKILL: the runner tears nothing down
         proc.communicate(timeout=30)
