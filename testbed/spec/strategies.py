@@ -43,12 +43,18 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
                  _RECTANGULAR_MESH),
     StrategyInfo("async-diloco", "DiLoCo whose outer synchronisation runs in the background while inner steps go "
                                  "on, up to max_staleness steps"),
+    StrategyInfo("torchft-ddp", "torchft: every DC a replica group, per-step quorums through a lighthouse, "
+                                "fault-tolerant DDP across the groups (a group that dies is left out and heals)"),
+    StrategyInfo("torchft-diloco", "torchft's DiLoCo: every DC a replica group, an outer step across the groups "
+                                   "every inner_steps, quorum per outer step"),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")
 OVERLAP = ("hier-dp-overlap",)
 PP = ("pp",)
 DILOCO = ("diloco", "streaming-diloco", "async-diloco")
+TORCHFT = ("torchft-ddp", "torchft-diloco")  # torchft's classes: DCs as replica groups
+TORCHFT_DILOCO = ("torchft-diloco",)
 TORCH_NATIVE = ("ddp", "fsdp", "hsdp")  # PyTorch's own wrappers: they communicate from inside autograd's backward
 FSDP = ("fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
@@ -117,12 +123,19 @@ class Options:
     lookahead: int = option(-1, "extra warm-up micro-batches; -1: enough to cover the measured round trip",
                             strategies=PP, when=("schedule", ("overlap",)), ge=-1)
     # diloco
-    inner_steps: int = option(10, "H: inner steps between outer synchronisations", strategies=DILOCO, ge=1)
-    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", strategies=DILOCO, gt=0)
-    outer_momentum: float = option(0.9, "outer Nesterov SGD momentum", strategies=DILOCO, ge=0, lt=1)
+    inner_steps: int = option(10, "H: inner steps between outer synchronisations", strategies=DILOCO + TORCHFT_DILOCO,
+                              ge=1)
+    outer_lr: float = option(0.7, "outer Nesterov SGD learning rate", strategies=DILOCO + TORCHFT_DILOCO, gt=0)
+    outer_momentum: float = option(0.9, "outer Nesterov SGD momentum", strategies=DILOCO + TORCHFT_DILOCO, ge=0,
+                                   lt=1)
     outer_shard: bool = option(True, "each node of a DC syncs 1/n of the pseudo-gradient", strategies=("diloco",),
                                strict=True)
     fragments: int = option(2, "parameter fragments synchronised in turn", strategies=("streaming-diloco",), ge=1)
+    heartbeat_timeout_ms: int = option(5000, "torchft: the lighthouse's heartbeat timeout (a silent group leaves "
+                                             "the quorum after it)", strategies=TORCHFT, ge=100)
+    quorum_timeout_s: float = option(30.0, "torchft: how long a group waits for a quorum and for a collective or "
+                                           "a heal (the Manager's timeout)", strategies=TORCHFT,
+                                     gt=0)
     overlap_steps: int = option(1, "inner steps an outer synchronisation may take (tau)",
                                 strategies=("streaming-diloco",), ge=0)
     max_staleness: int = option(20, "inner steps an outer synchronisation may lag before the DC waits for it",
@@ -240,9 +253,12 @@ def check_options(opts: Options, dc_sizes: Sequence[int], dc_names: Sequence[str
         if opts.schedule == "interleaved-1f1b" and opts.micro_batches % stages:
             raise OptionError("micro_batches", f"interleaved-1f1b needs micro_batches ({opts.micro_batches}) to be "
                                                f"a multiple of the stages ({stages})")
-    if opts.strategy in DILOCO and opts.inner_steps > opts.steps:
+    if opts.strategy in DILOCO + TORCHFT_DILOCO and opts.inner_steps > opts.steps:
         raise OptionError("inner_steps", f"{opts.inner_steps} is more than the {opts.steps} steps: the DCs would "
                                          "never synchronise")
+    if opts.strategy in TORCHFT and opts.synthetic:
+        raise OptionError("synthetic", f"{opts.strategy}: torchft's DDP and DiLoCo hook a real backward and "
+                                       "optimizer step; use compute: real")
     if opts.strategy == "streaming-diloco" and opts.overlap_steps >= opts.inner_steps:
         raise OptionError("overlap_steps", f"{opts.overlap_steps} must be less than inner_steps "
                                            f"({opts.inner_steps}): a fragment's sync would overlap its next one")

@@ -46,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         field, problem = problem_of(error)
         print(f"testbed.workload: error: --{field.replace('_', '-')}: {problem}", file=sys.stderr)
         return 2
+    from testbed.spec.strategies import TORCHFT
     from testbed.workload.layout import LayoutError
-    from testbed.workload.run import train
 
+    if opts.strategy in TORCHFT:  # every DC a replica group of its own
+        from testbed.workload.replica import train_replica_group as train
+    else:
+        from testbed.workload.run import train
     try:
         train(opts)
     except (LayoutError, ValueError) as error:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from testbed.spec import experiment
-from testbed.spec.strategies import DILOCO, DP, PP, STRATEGIES, TORCH_NATIVE
+from testbed.spec.strategies import DILOCO, DP, PP, STRATEGIES, TORCH_NATIVE, TORCHFT
 
 # a spec family -> its module, the same name in testbed.workload.strategies and testbed.model.strategies
-FAMILIES = {"dp": DP, "pipeline": PP, "diloco": DILOCO, "torch_native": TORCH_NATIVE}
+FAMILIES = {"dp": DP, "pipeline": PP, "diloco": DILOCO, "torch_native": TORCH_NATIVE, "torchft": TORCHFT}
 
 
 def _family(name: str) -> str:

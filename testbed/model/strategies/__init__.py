@@ -22,6 +22,7 @@ from testbed.model.strategies.diloco import async_diloco, diloco, streaming_dilo
 from testbed.model.strategies.dp import flat_dp, hier_dp, hier_dp_overlap
 from testbed.model.strategies.pipeline import pipeline
 from testbed.model.strategies.torch_native import ddp, fsdp, hsdp
+from testbed.model.strategies.torchft import torchft_ddp, torchft_diloco
 
 PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {
     "flat-dp": flat_dp,
@@ -34,6 +35,8 @@ PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {
     "ddp": ddp,
     "fsdp": fsdp,
     "hsdp": hsdp,
+    "torchft-ddp": torchft_ddp,
+    "torchft-diloco": torchft_diloco,
 }
 
 

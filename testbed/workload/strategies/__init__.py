@@ -12,10 +12,11 @@ def strategy_classes() -> dict[str, type[Strategy]]:
     from testbed.workload.strategies.dp import FlatDP, HierDP, HierDPOverlap
     from testbed.workload.strategies.pipeline import Pipeline
     from testbed.workload.strategies.torch_native import DDP, FSDP, HSDP
+    from testbed.workload.strategies.torchft import TorchftDDP, TorchftDiLoCo
 
     table = {"flat-dp": FlatDP, "hier-dp": HierDP, "hier-dp-overlap": HierDPOverlap, "pp": Pipeline,
              "diloco": DiLoCo, "streaming-diloco": StreamingDiLoCo, "async-diloco": AsyncDiLoCo, "ddp": DDP,
-             "fsdp": FSDP, "hsdp": HSDP}
+             "fsdp": FSDP, "hsdp": HSDP, "torchft-ddp": TorchftDDP, "torchft-diloco": TorchftDiLoCo}
     return table
 
 

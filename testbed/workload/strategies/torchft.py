@@ -1,0 +1,198 @@
+"""torchft's strategies: every DC is one replica group of torchft, which does the fault-tolerant work.
+
+torchft-ddp: torchft.DistributedDataParallel (its comm hook all-reduces each bucket over the groups in the
+quorum through the Manager) and torchft.OptimizerWrapper (a step commits only where the quorum agreed).
+torchft-diloco: torchft.local_sgd.DiLoCo over the whole model (one fragment; `fragments()` is where streaming
+DiLoCo's slices would go). Inside a DC of several ranks the gradients are first averaged over the DC (the DC's own default
+process group); torchft's Manager then reduces across the groups, one rank index at a time.
+
+A group that starts late or again (a fault restarted it) asks the lighthouse for a quorum and heals: torchft's
+Manager fetches the state of a healthy group (its HTTP checkpoint transport, over the emulated links) and loads
+it through `load_state`. Nothing of torchft's algorithms is copied here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from testbed import rankenv
+from testbed.workload.model import loss_fn
+from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+
+
+def _average_in_dc(params: list[torch.nn.Parameter]) -> None:
+    """Average the gradients over this DC's ranks (the DC-local default group), when it has more than one."""
+    if dist.get_world_size() == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+class ReplicaGroup(Strategy):
+    """What the three share: the model, torchft's Manager over a gloo group, the heal's state."""
+
+    name = "torchft"
+    use_async_quorum = True
+
+    def setup(self, ctx: Context) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        super().setup(ctx)
+        self.model = build_model(ctx)
+        self.params = list(self.model.parameters())
+        self.inner = make_optimizer(self.params, ctx.opts)
+        self.wrap()
+        host, port = os.environ[rankenv.REPLICA_STORE].rsplit(":", 1)
+        timeout = timedelta(seconds=ctx.opts.quorum_timeout_s)
+        self.healed_bytes = 0
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=self.use_async_quorum,
+            load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
+            store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
+            lighthouse_addr=os.environ[rankenv.TORCHFT_LIGHTHOUSE], timeout=timeout, quorum_timeout=timeout,
+            connect_timeout=timeout)
+        self.after_manager()
+
+    def wrap(self) -> None:
+        """Before the Manager exists: nothing by default."""
+
+    def after_manager(self) -> None:
+        """Once the Manager exists: wrap the model or optimizer in torchft's classes."""
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "inner": self.inner.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        """torchft's heal: a healthy group's state arrived (counted: what crossed the link for it)."""
+        self.healed_bytes += sum(t.numel() * t.element_size() for t in state["model"].values())
+        self.model.load_state_dict(state["model"])
+        self.inner.load_state_dict(state["inner"])
+
+    def current_step(self) -> int:
+        """The step torchft's Manager is at (after a heal: the healthy group's)."""
+        return self.manager.current_step()
+
+    def done(self) -> bool:
+        return self.current_step() >= self.ctx.opts.steps
+
+    def backward(self, micro_batches: list[MicroBatch]) -> float:
+        loss_sum = 0.0
+        with self.ctx.meter.timed("compute_s"):
+            for x, y in micro_batches:
+                loss = loss_fn(self.forward(x), y) / len(micro_batches)
+                loss.backward()
+                loss_sum += float(loss)
+        return loss_sum
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def quorum(self) -> dict:
+        m = self.manager
+        return {"participants": m.num_participants(), "manager_step": m.current_step(),
+                "replica_groups": self.ctx.layout.num_dcs, "healed_bytes": self.healed_bytes}
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def sample_ranges(self) -> list[tuple[int, int]]:
+        return self.sample_ranges_of(self.ctx.layout.rank)
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def _errored_step_hook(state, bucket):
+    """torchft.DistributedDataParallel's comm hook, but a step whose all-reduce failed (a peer group died) yields
+    its bucket unchanged instead of failing torchft 0.2.0's `assert fut._fut`: the Manager has recorded the error
+    and discards the step (should_commit is false), as torchft means to."""
+    work = state.allreduce(bucket.buffer())
+    work.wait()
+    inner = getattr(work.get_future(), "_fut", None)
+    if inner is None:
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+    return inner
+
+
+class TorchftDDP(ReplicaGroup):
+    name = "torchft-ddp"
+
+    def after_manager(self) -> None:
+        from torchft.ddp import DistributedDataParallel
+        from torchft.optim import OptimizerWrapper
+
+        class DDP(DistributedDataParallel):
+            _comm_hook = staticmethod(_errored_step_hook)
+
+        self.ddp = DDP(self.manager, self.model)
+        self.optimizer = OptimizerWrapper(self.manager, self.inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ddp(x)
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        before = self.current_step()
+        begun = time.perf_counter()
+        self.optimizer.zero_grad()  # starts the quorum (async: during forward)
+        loss = self.backward(micro_batches)  # its comm hook all-reduces each bucket over the quorum, in backward
+        _average_in_dc(self.params)
+        self.optimizer.step()  # steps only where the quorum commits (the Manager's step advances then)
+        self.ctx.meter.add("comm_s", max(0.0, time.perf_counter() - begun - self.ctx.meter.step.compute_s))
+        return {"loss": loss, "committed": self.current_step() > before, **self.quorum()}
+
+
+class TorchftDiLoCo(ReplicaGroup):
+    name = "torchft-diloco"
+    use_async_quorum = False  # torchft's DiLoCo asks for a synchronous quorum
+
+    def fragments(self) -> list[torch.nn.Module]:
+        return [self.model]
+
+    def after_manager(self) -> None:
+        from torchft.local_sgd import DiLoCo
+
+        opts = self.ctx.opts
+        parts = self.fragments()
+        self.outer = [torch.optim.SGD(p.parameters(), lr=opts.outer_lr, momentum=opts.outer_momentum,
+                                      nesterov=opts.outer_momentum > 0) for p in parts]
+        self.diloco = DiLoCo(self.manager, parts, self.inner, self.outer, sync_every=opts.inner_steps,
+                             backup_device=torch.device("cpu"), pin_memory=False,
+                             fragment_sync_delay=self.sync_delay())
+        self.diloco.__enter__()  # hooks the inner optimizer's step; left in shutdown()
+        self.inner_steps = 0
+
+    def sync_delay(self) -> int:
+        """torchft's fragment_sync_delay: none with one fragment."""
+        return 0
+
+    def done(self) -> bool:
+        """Inner steps are counted as steps: the Manager counts outer syncs (one every inner_steps)."""
+        return self.current_step() * self.ctx.opts.inner_steps // self.sync_divisor() >= self.ctx.opts.steps
+
+    def sync_divisor(self) -> int:
+        return 1
+
+    def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
+        self.inner.zero_grad()
+        loss = self.backward(micro_batches)
+        _average_in_dc(self.params)
+        begun = time.perf_counter()
+        self.inner.step()  # DiLoCo's hook: every inner_steps the quorum and the outer all-reduce
+        self.ctx.meter.add("comm_s", time.perf_counter() - begun)
+        self.inner_steps += 1
+        return {"loss": loss, "committed": True, **self.quorum()}
+
+    def shutdown(self) -> None:
+        self.diloco.__exit__(None, None, None)
+        super().shutdown()
+
