@@ -505,7 +505,7 @@ def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenar
 
     files = "\n".join(f"{name}: {path}" for name, path in result["files"].items() if name != "answers")
     if shown == "json":
-        keep = ("answers", "reference", "recommendation", "scale")
+        keep = ("answers", "reference", "recommendation", "scale", "checks")
         print(json.dumps({"scenario": result["scenario"].name, **{k: result[k] for k in keep},
                           "files": {k: str(v) for k, v in result["files"].items()}}, indent=1))
         return
@@ -517,6 +517,8 @@ def whatif(scenario: Path = typer.Argument(..., help="Scenario YAML file (scenar
     out.print(whatif_table(result))
     out.print(f"[bold]{escape(result['recommendation']['line'])}[/bold]", highlight=False)
     out.print(f"[dim]{escape(result['scale'])}[/dim]", highlight=False)
+    for check in result["checks"]:  # the scenario's published figures, PASS/FAIL each
+        out.print(check["line"], highlight=False, markup=False)
     out.print(files, highlight=False, markup=False)
 
 

@@ -35,8 +35,17 @@ def plan_experiment(experiment_path: Path, calibration_path: Path | None = None,
 
 
 def whatif_scenario(scenario_path: Path, out_dir: Path | None = None) -> dict[str, Any]:
-    """A scenario at real scale: its table of predicted scaling efficiency per strategy and the plot."""
-    from testbed.model.whatif import answers, evaluate, recommendation, reference_text, scale_text, write_outputs
+    """A scenario at real scale: its table of predicted scaling efficiency (and compute utilisation) per
+    strategy, the plot, and its published figures checked (PASS/FAIL each)."""
+    from testbed.model.whatif import (
+        answers,
+        check_figures,
+        evaluate,
+        recommendation,
+        reference_text,
+        scale_text,
+        write_outputs,
+    )
     from testbed.spec.scenario import load_scenario
 
     scenario = load_scenario(scenario_path)
@@ -47,4 +56,5 @@ def whatif_scenario(scenario_path: Path, out_dir: Path | None = None) -> dict[st
     return {"scenario": scenario, "table": table, "files": files, "answers": rows,
             "reference": {"distance_m": scenario.reference["distance"], "bandwidth_bit_s": scenario.reference["bandwidth"],
                           "text": reference_text(scenario)},
-            "recommendation": recommendation(scenario, rows), "scale": scale_text(scenario)}
+            "recommendation": recommendation(scenario, rows), "scale": scale_text(scenario),
+            "checks": check_figures(scenario)}

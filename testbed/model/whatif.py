@@ -8,6 +8,12 @@ window), and its latency
 (fibre: 4.9 us per km one way). Efficiency = single-site step / step (NeMo's definition: the same job in one DC).
 The emulator validates the same structure cell by cell at small scale (testbed.model.strategies); these forms
 extrapolate it, and their assumptions are the scenario's, listed in its file.
+
+Two figures per point, named apart: compute utilisation (time computing / wall time: the DiLoCo papers',
+INTELLECT-1's) and efficiency against one site (NeMo's). The single-site step here is compute at the MFU (intra-DC
+communication folded into it), so the two coincide; a scenario's `published_figures` say which one a source gave.
+DiLoCo's outer sync may carry quantised or top-k pseudo-gradients, start layer by layer during the last inner
+step's backward (testbed.model.outer), and run over a ring of replicas whose slowest hop bounds it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import pandas as pd
 
 from testbed.model.collectives import ring_all_reduce_factor, windowed_rate
 from testbed.model.labels import distance_label, duration_label, rate_label
+from testbed.model.outer import dag_exposed, outer_bytes
 from testbed.spec.scenario import Scenario, ScenarioStrategy
 from testbed.spec.units import fibre_delay
 
@@ -38,14 +45,30 @@ class Point:
     exposed_s: float
     inter_dc_gbit_per_step: float
     note: str = ""
+    compute_s: float | None = None  # time computing per step (default: the single-site step)
 
     @property
     def efficiency(self) -> float:
+        """Throughput against the same job on one site (NeMo's scaling efficiency)."""
         return self.single_site_s / self.step_s
+
+    @property
+    def compute_utilisation(self) -> float:
+        """Time computing over wall time (the DiLoCo papers', INTELLECT-1's, Covenant's)."""
+        return (self.single_site_s if self.compute_s is None else self.compute_s) / self.step_s
+
+
+METRIC_TEXT = {"compute_utilisation": "compute utilisation (time computing / wall time)",
+               "efficiency": "efficiency (throughput / single-site throughput)",
+               "bandwidth_for_utilisation": "inter-DC bandwidth for a compute utilisation"}
 
 
 def compute_seconds(s: Scenario) -> float:
-    """The single-site step: the step's training FLOPs over every GPU at its peak times the MFU."""
+    """The single-site step: the scenario's published step_seconds, else the step's training FLOPs over every GPU
+    at its peak times the MFU."""
+    if s.step_seconds is not None:
+        return s.step_seconds
+    assert s.gpu is not None and s.global_batch_tokens is not None  # the scenario's schema holds it
     m = s.model
     flops_per_token = 6 * m.parameters + 12 * m.layers * m.hidden * m.seq_len
     gpus = s.gpus_per_dc * s.dcs
@@ -63,6 +86,19 @@ def _intra_allreduce_part(s: Scenario, nbytes: float, n: int, factor: float) -> 
     if n < 2:
         return 0.0
     return factor * nbytes / (s.intra.bandwidth / 8) + (n - 1) * (s.intra.latency + s.transport.intra_latency)
+
+
+def _ring_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float, streams: int) -> float:
+    """A ring all-reduce of `nbytes` over the scenario's ring of DCs: 2(n-1) steps, each moving nbytes/n over
+    every hop at once, so each lasts as long as the slowest hop's latency plus transfer."""
+    assert s.ring is not None
+    n = len(s.ring)
+    slowest = 0.0
+    for hop in s.ring:
+        latency = fibre_delay(distance) if hop.latency is None else hop.latency
+        rate = _rate(s, bandwidth if hop.bandwidth is None else hop.bandwidth, 2 * latency, streams)
+        slowest = max(slowest, latency + nbytes / n / rate)
+    return 2 * (n - 1) * slowest
 
 
 def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwidth: float) -> Point:
@@ -104,7 +140,8 @@ def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, ban
         p, mb = par.pp, par.micro_batches
         t_mb = tc / (mb + p - 1)  # one micro-batch's forward+backward on one stage (the single-site schedule)
         pipelines = n * d  # the same replicas as on one site, each with its stages split across the DCs
-        act = s.global_batch_tokens / (pipelines * mb) * m.hidden * 2  # one micro-batch's activations, bf16
+        tokens = s.global_batch_tokens or 0.0  # the scenario's schema requires it for a pipeline across DCs
+        act = tokens / (pipelines * mb) * m.hidden * 2  # one micro-batch's activations, bf16
         link = pipelines * mb * act  # per direction: activations one way, their gradients back
         per_transfer = pipelines * act / _rate(s, bandwidth, rtt, pipelines * par.tp * channels)  # all at once
         hop = latency + per_transfer
@@ -118,11 +155,18 @@ def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, ban
         exposed = stall
         step = tc + stall
     elif kind in ("diloco", "streaming-diloco"):
-        per_direction = ring_all_reduce_factor(d) * model_bytes
-        rate = _rate(s, bandwidth, rtt, n * groups * channels)  # the outer all-reduce sharded over the DC
-        outer = per_direction / rate + 2 * (d - 1) * latency
+        nbytes = outer_bytes(m, strategy)
+        per_direction = ring_all_reduce_factor(d) * nbytes
+        if s.ring is None:
+            rate = _rate(s, bandwidth, rtt, n * groups * channels)  # the outer all-reduce sharded over the DC
+            outer = per_direction / rate + 2 * (d - 1) * latency
+        else:
+            outer = _ring_seconds(s, nbytes, distance, bandwidth, n * groups * channels)
         h = strategy.inner_steps
-        if kind == "diloco":
+        fragments, tau = (1, 0) if kind == "diloco" else (strategy.fragments, strategy.overlap_steps)
+        if strategy.outer_start == "during-backward":
+            exposed = dag_exposed(outer, fragments, m.layers, tc, tau, h, BACKWARD_SHARE) / h
+        elif kind == "diloco":
             exposed = outer / h
         else:
             frag = outer / strategy.fragments
@@ -131,7 +175,8 @@ def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, ban
         note = f"outer sync {outer:.1f} s every {h} steps"
     else:  # pragma: no cover - the scenario's schema lists the kinds
         raise ValueError(kind)
-    return Point(strategy.name, kind, distance / 1e3, bandwidth / 1e9, step, tc, exposed, link * 8 / 1e9, note)
+    return Point(strategy.name, kind, distance / 1e3, bandwidth / 1e9, step, tc, exposed, link * 8 / 1e9, note,
+                 compute_s=tc)
 
 
 def evaluate(s: Scenario) -> pd.DataFrame:
@@ -145,25 +190,78 @@ def evaluate(s: Scenario) -> pd.DataFrame:
                 rows.append({"strategy": p.strategy, "kind": p.kind, "distance_km": p.distance_km,
                              "bandwidth_gbit": p.bandwidth_gbit, "rtt_ms": 2 * fibre_delay(distance) * 1e3,
                              "step_s": p.step_s, "single_site_s": p.single_site_s, "efficiency": p.efficiency,
+                             "compute_utilisation": p.compute_utilisation,
                              "exposed_s": p.exposed_s, "inter_dc_gbit_per_step": p.inter_dc_gbit_per_step,
                              "note": p.note})
     return pd.DataFrame(rows)
 
 
 def bandwidth_for(s: Scenario, strategy: ScenarioStrategy, distance: float, target: float,
-                  high: float = 1e15) -> float | None:
-    """The least inter-DC bandwidth (bits/s) at which `strategy` keeps `target` efficiency at `distance`;
-    None if even `high` does not (latency- or window-bound)."""
-    if evaluate_point(s, strategy, distance, high).efficiency < target:
+                  high: float = 1e15, metric: str = "efficiency") -> float | None:
+    """The least inter-DC bandwidth (bits/s) at which `strategy` keeps `target` of `metric` (a Point property:
+    efficiency or compute_utilisation) at `distance`; None if even `high` does not (latency- or window-bound)."""
+    if getattr(evaluate_point(s, strategy, distance, high), metric) < target:
         return None
     low = 1e6
     for _ in range(80):
         mid = math.sqrt(low * high)
-        if evaluate_point(s, strategy, distance, mid).efficiency >= target:
+        if getattr(evaluate_point(s, strategy, distance, mid), metric) >= target:
             high = mid
         else:
             low = mid
     return high
+
+
+def grid_bandwidth(s: Scenario, strategy: ScenarioStrategy, distance: float, target: float, start: float,
+                   ratio: float, metric: str = "compute_utilisation") -> float | None:
+    """The first point start x ratio^k of a log grid of bandwidths reaching `target` of `metric` (how the
+    published tables read their bandwidths); None if none up to 1 Pbit/s does."""
+    exact = bandwidth_for(s, strategy, distance, target, metric=metric)
+    if exact is None:
+        return None
+    k = max(0, math.ceil(math.log(exact / start) / math.log(ratio) - 1e-6))
+    while getattr(evaluate_point(s, strategy, distance, start * ratio ** k), metric) < target:
+        k += 1
+    while k > 0 and getattr(evaluate_point(s, strategy, distance, start * ratio ** (k - 1)), metric) >= target:
+        k -= 1
+    return start * ratio ** k
+
+
+def check_figures(s: Scenario) -> list[dict[str, Any]]:
+    """Each of the scenario's published figures beside the model's at the reference point: the difference (in
+    points of a fraction, grid steps or a ratio of a bandwidth), the tolerance, PASS or FAIL."""
+    by_name = {strategy.name: strategy for strategy in s.strategies}
+    ref_d, ref_b = s.reference["distance"], s.reference["bandwidth"]
+    rows = []
+    for figure in s.published_figures:
+        strategy = by_name[figure.strategy]
+        if figure.metric == "bandwidth_for_utilisation":
+            assert figure.utilisation is not None
+            if figure.grid_start is not None and figure.grid_ratio is not None:
+                model = grid_bandwidth(s, strategy, ref_d, figure.utilisation, figure.grid_start, figure.grid_ratio)
+                off = None if model is None else round(math.log(model / figure.value) / math.log(figure.grid_ratio))
+                unit = "grid steps"
+                ok = off is not None and abs(off) <= figure.tolerance
+            else:
+                model = bandwidth_for(s, strategy, ref_d, figure.utilisation, metric="compute_utilisation")
+                off = None if model is None else model / figure.value
+                unit = "x"
+                ok = off is not None and max(off, 1 / off) <= figure.tolerance
+            shown = (f"{rate_label(figure.value)} for {figure.utilisation:.0%}",
+                     "never" if model is None else rate_label(model))
+        else:
+            model = getattr(evaluate_point(s, strategy, ref_d, ref_b), figure.metric)
+            off, unit = round((model - figure.value) * 100, 2), "points"
+            ok = abs(model - figure.value) <= figure.tolerance + 1e-12
+            shown = (f"{figure.value:.1%}", f"{model:.1%}")
+        tolerance = figure.tolerance * 100 if unit == "points" else figure.tolerance
+        rows.append({"strategy": figure.strategy, "metric": figure.metric, "utilisation": figure.utilisation,
+                     "published": figure.value, "model": model, "off": off, "unit": unit, "tolerance": tolerance,
+                     "verdict": "PASS" if ok else "FAIL", "source": figure.source,
+                     "line": f"{'PASS' if ok else 'FAIL'} {figure.strategy}: {METRIC_TEXT[figure.metric]} "
+                             f"published {shown[0]}, model {shown[1]} "
+                             f"({'-' if off is None else off:} {unit} off, tolerance {tolerance:g})"})
+    return rows
 
 
 def distance_for(s: Scenario, strategy: ScenarioStrategy, bandwidth: float, target: float,
@@ -193,7 +291,8 @@ def answers(s: Scenario) -> list[dict[str, Any]]:
         p = evaluate_point(s, strategy, ref_d, ref_b)
         need = bandwidth_for(s, strategy, ref_d, s.target_efficiency)
         reach = distance_for(s, strategy, ref_b, s.target_efficiency)
-        out.append({"strategy": strategy.name, "efficiency": p.efficiency, "step_s": p.step_s,
+        out.append({"strategy": strategy.name, "efficiency": p.efficiency,
+                    "compute_utilisation": p.compute_utilisation, "step_s": p.step_s,
                     "bandwidth_for_target_gbit": None if need is None else need / 1e9,
                     "distance_for_target_km": None if reach is None else reach / 1e3, "note": p.note})
     return out
@@ -335,14 +434,18 @@ def write_outputs(s: Scenario, table: pd.DataFrame, out_dir: Path) -> dict[str, 
     if not beside.empty:
         beside.to_csv(out_dir / "calculator.csv", index=False)
     md = [f"# what-if: {s.name}", "", s.description.strip(), "",
-          f"Single-site step: {compute_seconds(s):.2f} s ({s.gpus_per_dc} GPUs per DC x {s.dcs} DCs, "
-          f"{s.gpu.peak_tflops:g} TFLOP/s at MFU {s.gpu.mfu:.0%}).", "",
+          f"Single-site step: {compute_seconds(s):.2f} s " + (
+              f"({s.gpus_per_dc} GPUs per DC x {s.dcs} DCs, {s.gpu.peak_tflops:g} TFLOP/s at MFU {s.gpu.mfu:.0%})."
+              if s.step_seconds is None and s.gpu is not None else "(published: the scenario's step_seconds)."), "",
           f"## Answers at the reference point: {reference_text(s)}", "",
           answers_for_people(ans).to_markdown(index=False, disable_numparse=True),
           "", chosen["line"][0].upper() + chosen["line"][1:] + ".", "", scale_text(s), "",
           "## Published", "", *[f"- `{k}`: {v}" for k, v in s.published.items()], "",
           "## Assumed", "", *[f"- `{k}`: {v}" for k, v in s.assumed.items()], "",
           "![efficiency](efficiency.png)", ""]
+    checks = check_figures(s)
+    if checks:
+        md += ["## Published figures, checked", "", *[f"- {row['line']}" for row in checks], ""]
     if not beside.empty:
         md += ["## Beside the DiLoCo bandwidth calculators", "", CALCULATOR_TEXT, "",
                pd.DataFrame({"strategy": beside["strategy"],

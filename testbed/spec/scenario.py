@@ -85,6 +85,13 @@ class ScenarioStrategy(_Strict):
     overlap_steps: int = Field(1, ge=0)  # streaming DiLoCo tau
     buckets: int = Field(40, ge=1)  # hier-dp-overlap: the last bucket's sync cannot hide behind backward
     channels: int | None = Field(None, ge=1)  # flows per crossing group (default: the transport's)
+    # DiLoCo's outer pseudo-gradients: their precision (default: the model's bytes_per_gradient), top-k density
+    # (None: dense) with the bits each kept value's index costs, and whether the outer sync may start layer by
+    # layer during the last inner step's backward (the published simulator's DAG) or waits for the step's end
+    outer_precision: Literal["bf16", "int8", "fp4", "int2"] | None = None
+    outer_topk: float | None = Field(None, gt=0, le=1)
+    outer_index_bits: float = Field(16, ge=0)
+    outer_start: Literal["after-step", "during-backward"] = "after-step"
 
 
 def _each(parser: Any, values: Any) -> Any:
@@ -115,14 +122,71 @@ class Sweep(_Strict):
         return _each(units.parse_rate, value)
 
 
+class Hop(_Strict):
+    """One hop of a ring of replicas over the internet: its bandwidth and one-way latency; a hop that leaves
+    either out takes the swept inter-DC bandwidth or the swept distance's fibre delay."""
+
+    bandwidth: float | None = None  # bits/s each direction
+    latency: float | None = None  # one-way seconds
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _rate(cls, value: Any) -> float | None:
+        return None if value is None else units.parse_rate(value)
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _latency(cls, value: Any) -> float | None:
+        return None if value is None else units.parse_delay(value)
+
+
+
+class PublishedFigure(_Strict):
+    """A published figure the model must reproduce: `metric` of `strategy` at the reference point (a fraction,
+    tolerance in points of it) or the inter-DC bandwidth reaching `utilisation` (bits/s; read on the log grid
+    `grid_start` x `grid_ratio`^k when given, tolerance in grid steps, else a ratio)."""
+
+    strategy: str
+    metric: Literal["compute_utilisation", "efficiency", "bandwidth_for_utilisation"]
+    value: float
+    tolerance: float = Field(gt=0)
+    utilisation: float | None = Field(None, gt=0, lt=1)
+    grid_start: float | None = None
+    grid_ratio: float | None = Field(None, gt=1)
+    source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("metric") == "bandwidth_for_utilisation":
+            data = dict(data)
+            for key in ("value", "grid_start"):
+                if isinstance(data.get(key), str):
+                    try:
+                        data[key] = units.parse_rate(data[key])
+                    except ValueError as error:
+                        raise ValueError(f"{key}: {error}") from None
+        return data
+
+    @model_validator(mode="after")
+    def _complete(self) -> PublishedFigure:
+        if self.metric == "bandwidth_for_utilisation" and self.utilisation is None:
+            raise ValueError("utilisation: bandwidth_for_utilisation needs the utilisation it is for")
+        if (self.grid_start is None) != (self.grid_ratio is None):
+            raise ValueError("grid_start/grid_ratio: give both or neither")
+        return self
+
+
 class Scenario(_Strict):
     name: str = Field(pattern=FILE_NAME_PATTERN)
     description: str = ""
     model: ModelShape
     dcs: int = Field(2, ge=2)
     gpus_per_dc: int = Field(ge=1)
-    global_batch_tokens: float = Field(gt=0)
-    gpu: GPU
+    global_batch_tokens: float | None = Field(None, gt=0)  # with gpu: the step's compute from FLOPs
+    gpu: GPU | None = None
+    step_seconds: float | None = Field(None, gt=0)  # instead: the single-site step as published
+    ring: list[Hop] | None = None  # the DCs (replicas) as a ring over the internet, hop i from DC i to i+1
     parallelism: Parallelism = Parallelism()
     intra: Link
     transport: Transport = Transport()
@@ -132,6 +196,7 @@ class Scenario(_Strict):
     target_efficiency: float = Field(0.96, gt=0, le=1)
     published: dict[str, str] = {}  # field -> source
     assumed: dict[str, str] = {}  # field -> why this value
+    published_figures: list[PublishedFigure] = []  # checked by whatif: PASS/FAIL each
 
     @field_validator("reference", mode="before")
     @classmethod
@@ -155,6 +220,15 @@ class Scenario(_Strict):
         for index, name in enumerate(names):
             if name in names[:index]:
                 raise ValueError(f"strategies[{index}].name: duplicate {name!r}")
+        if self.step_seconds is None and (self.gpu is None or self.global_batch_tokens is None):
+            raise ValueError("gpu/global_batch_tokens: give both (the step from FLOPs) or step_seconds")
+        if self.global_batch_tokens is None and any(s.kind.startswith("pp-across") for s in self.strategies):
+            raise ValueError("global_batch_tokens: a pipeline across DCs needs it (activations per micro-batch)")
+        if self.ring is not None and len(self.ring) != self.dcs:
+            raise ValueError(f"ring: {len(self.ring)} hops for {self.dcs} DCs (one hop from each DC to the next)")
+        for index, figure in enumerate(self.published_figures):
+            if figure.strategy not in names:
+                raise ValueError(f"published_figures[{index}].strategy: no strategy {figure.strategy!r}")
         if not self.published or not self.assumed:
             raise ValueError("published/assumed: say which numbers are published (and where) and which are assumed")
         return self
