@@ -62,7 +62,7 @@ def main() -> None:
                         f"(±{check['tolerance']:g}) | {check['verdict']} | {check['source']} |")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = "\n".join([
         "---", f"measured: {now}", f"machine: {platform.node()} ({platform.machine()}, pure computation)",
         f"commit: {commit}", "generated_by: bench/published.py", "---", "",

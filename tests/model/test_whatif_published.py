@@ -3,7 +3,6 @@ option changes the figures it should (so an ignored option fails a test)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from testbed.model.whatif import check_figures, evaluate_point
