@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.plan.routing import shortest_paths
+from testbed.plan.routing import compose, shortest_paths
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 
@@ -96,13 +96,7 @@ def build_network(topology: Topology, links: Mapping[str, LinkParams | Mapping[s
                 continue
             route = routes[dst]
             hops = tuple(direction_key(x, y) for x, y in itertools.pairwise(route))
-            latency, keep, rates = 0.0, 1.0, []
-            for hop in hops:
-                p = params[hop]
-                latency += p.latency
-                keep *= 1 - p.loss
-                if p.bandwidth is not None:
-                    rates.append(p.bandwidth)
+            end_to_end = compose([params[hop] for hop in hops])  # as the real-host backends shape the pair
             measured = (rtts or {}).get((src, dst))
-            paths[(a, b)] = Path(latency, min(rates) if rates else None, 1 - keep, hops, measured)
+            paths[(a, b)] = Path(end_to_end.latency, end_to_end.bandwidth, end_to_end.loss, hops, measured)
     return Network(names, sizes, paths)

@@ -11,16 +11,25 @@ On each host, on the interface the inventory names:
   iptables accounting rules count what arrives from each peer DC (the link's rx counters).
 Every iptables rule carries the comment `testbed:<prefix>`, so undo finds them even after a crash.
 
+A DC pair without a direct link (a chain a - b - c) is shaped end to end: the class for peer c on a's hosts
+carries the route the netns backend takes (testbed.plan.routing), its hops composed by routing.compose (delays
+summed, the narrowest rate, losses and jitters combined, each direction on its own). Its link end is kind
+"routed", keyed a->c; `pair_hops` says which hops each pair crosses, so a live change of a hop re-shapes every pair
+routed over it (HostsPlan.reshape_commands).
+
 Semantics differ from the netns backend in one way, said in README and manifests: a DC link's bandwidth
-is applied per host (each host's class), since hosts in a rack do not share one emulated WAN port.
+is applied per host (each host's class), since hosts in a rack do not share one emulated WAN port; on a route,
+the hops do not share their bandwidth between the pairs that cross them either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from testbed.plan.delayline import DelayDirection
 from testbed.plan.network import direction_key, link_direction_params
+from testbed.plan.routing import compose, route_hops
 from testbed.plan.shaping import (
     ROOT,
     UNCAPPED_RATE,  # noqa: F401 (where it was)
@@ -69,6 +78,27 @@ class HostsPlan(TestbedView):
 
     hosts: tuple[HostPlan, ...]
     inventory_file: str | None = None
+    pair_hops: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pair key -> the hop keys it crosses
+
+    def composed(self) -> dict[str, tuple[str, ...]]:
+        """The pairs shaped end to end over more than one hop, and the hops each crosses."""
+        return {pair: hops for pair, hops in self.pair_hops.items() if len(hops) > 1}
+
+    def crossing(self, hops: Iterable[str]) -> list[str]:
+        """The pairs (link-end keys) whose route crosses any of the direction keys `hops`."""
+        wanted = set(hops)
+        return [pair for pair, crossed in self.pair_hops.items() if wanted & set(crossed)]
+
+    def reshape_commands(self, item: HostPlan, hops: Iterable[str]) -> tuple[list[list[str]], bool]:
+        """What host `item` runs when the direction keys `hops` change live (this plan carrying the new
+        parameters): `tc change` of every pair it sends whose route crosses them, and whether its delay line
+        must reload (it receives one of those pairs)."""
+        pairs = [pair.split("->") for pair in self.crossing(hops)]
+        commands = [argv for src, dst in pairs if src == item.node.dc
+                    for argv in class_commands(item.host.interface, item.classes[dst],
+                                               self.link_end(direction_key(src, dst)).shaping.params, self.shaper,
+                                               verb="change")]
+        return commands, bool(item.delay_line) and any(dst == item.node.dc for _, dst in pairs)
 
     @property
     def network(self) -> HostsPlan:
@@ -119,15 +149,25 @@ def match_inventory(topology: Topology, inventory: Inventory, source: str | None
     return out
 
 
-def _require_full_mesh(topology: Topology) -> None:
+def pair_routes(topology: Topology) -> dict[str, tuple[str, ...]]:
+    """Every ordered DC pair's key -> the direction keys of the links its route crosses (the netns backend's
+    routes). A direct link that is not its own DC pair's route is refused in one line: on a host, the pair's one
+    class cannot carry both."""
     names = [dc.name for dc in topology.dcs]
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            try:
-                topology.find_link(a, b)
-            except KeyError:
-                raise SpecError(topology.name, "links", "the ssh backend shapes traffic per peer DC, so every "
-                                f"pair of DCs needs a direct link (none between {a} and {b})") from None
+    routes: dict[str, tuple[str, ...]] = {}
+    for src in names:
+        for dst in names:
+            if src != dst:
+                routes[direction_key(src, dst)] = tuple(direction_key(x, y) for x, y in route_hops(topology, src, dst))
+    for index, link in enumerate(topology.links):
+        a, b = link.between
+        for src, dst in ((a, b), (b, a)):
+            if routes[direction_key(src, dst)] != (direction_key(src, dst),):
+                via = " -> ".join([src, *(hop.split("->")[1] for hop in routes[direction_key(src, dst)])])
+                raise SpecError(topology.name, f"links[{index}]", f"the link {a} - {b} is not the route from {src} "
+                                f"to {dst} ({via} is shorter): on real hosts each DC pair is shaped as its one route; "
+                                "remove the link or make it the shorter way")
+    return routes
 
 
 def peer_placement(dc_index: int, matches: tuple[str, ...] = ()) -> Placement:
@@ -151,7 +191,7 @@ def accounting_rule(dev: str, sources: tuple[str, ...], peer: str, prefix: str) 
 def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, prefix: str,
                      overrides: dict[str, LinkParams] | None = None, inventory_file: str | None = None) -> HostsPlan:
     """Pure: every host's node, shaping commands and delay-line work for `topology` under `shaper`."""
-    _require_full_mesh(topology)
+    routes = pair_routes(topology)
     pairs = match_inventory(topology, inventory, inventory_file)
     nodes = tuple(node for node, _ in pairs)
     by_dc: dict[str, list[tuple[Node, HostSpec]]] = {}
@@ -164,16 +204,22 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
     ends: list[LinkEnd] = []
     links: list[InterDCLink] = []
     shaping: dict[tuple[str, str], Shaping] = {}
+
+    def shape_pair(src: str, dst: str) -> LinkEnd:
+        """The class for peer `dst` on `src`'s hosts: its route's hops composed (one hop: the link itself)."""
+        hops = [tuple(hop.split("->")) for hop in routes[direction_key(src, dst)]]
+        params = compose([link_direction_params(topology, x, y, overrides) for x, y in hops])
+        placement = peer_placement(dc_names.index(dst), tuple(f"{address}/32" for address in addresses[dst]))
+        shaping[(src, dst)] = plan_shaping(params, shaper, placement=placement)
+        return LinkEnd(direction_key(src, dst), "inter-dc" if len(hops) == 1 else "routed",
+                       ",".join(h.name for _, h in by_dc[src]), f"class {classid[dst]}", shaping[(src, dst)])
+
     for index, link in enumerate(topology.links):
         a, b = link.between
-        for src, dst in ((a, b), (b, a)):
-            placement = peer_placement(dc_names.index(dst), tuple(f"{address}/32" for address in addresses[dst]))
-            shaping[(src, dst)] = plan_shaping(link_direction_params(topology, src, dst, overrides), shaper,
-                                               placement=placement)
-            ends.append(LinkEnd(direction_key(src, dst), "inter-dc", ",".join(h.name for _, h in by_dc[src]),
-                                f"class {classid[dst]}", shaping[(src, dst)]))
+        ends += [shape_pair(a, b), shape_pair(b, a)]
         links.append(InterDCLink(index, a, b, direction_key(a, b), direction_key(b, a), addresses[a][0],
                                  addresses[b][0]))
+    ends += [shape_pair(*pair.split("->")) for pair, hops in routes.items() if len(hops) > 1]
 
     plans: list[HostPlan] = []
     for node, host in pairs:
@@ -192,4 +238,36 @@ def build_hosts_plan(topology: Topology, inventory: Inventory, shaper: Shaper, p
                               {peer: classid[peer] for peer in peers}))
 
     return HostsPlan(topology=topology.name, prefix=prefix, shaper=shaper, nodes=nodes, link_ends=tuple(ends),
-                     links=tuple(links), hosts=tuple(plans), inventory_file=inventory_file)
+                     links=tuple(links), hosts=tuple(plans), inventory_file=inventory_file, pair_hops=routes)
+
+
+class HopTotals:
+    """Counters per inter-DC direction, summed from what each host counts per peer DC (its class's leaf, its
+    accounting rules): a pair routed over several links counts on every link it crosses, as the netns backend's
+    gateways count it. Fields as testbed.agents.tc.LinkCounters: tx bytes, tx packets, rx bytes, rx packets,
+    drops."""
+
+    def __init__(self, plan: HostsPlan) -> None:
+        self.plan = plan
+        self.rows = {end.key: [0, 0, 0, 0, 0] for end in plan.link_ends if end.kind == "inter-dc"}
+
+    def _add(self, pair: str, values: dict[int, int]) -> None:
+        for hop in self.plan.pair_hops.get(pair, ()):
+            for index, value in values.items():
+                self.rows[hop][index] += value
+
+    def add_qdiscs(self, item: HostPlan, qdiscs: list[dict]) -> None:
+        """What `tc -s -j qdisc show` said on `item`'s interface: each peer class's leaf."""
+        for peer, classid in item.classes.items():
+            for qdisc in qdiscs:
+                if qdisc.get("parent") == classid:
+                    self._add(direction_key(item.node.dc, peer), {0: qdisc.get("bytes", 0),
+                                                                   1: qdisc.get("packets", 0),
+                                                                   4: qdisc.get("drops", 0)})
+
+    def add_received(self, pair: str, rx_bytes: int, rx_packets: int) -> None:
+        """What a receiving host's accounting rule counted arriving over `pair`."""
+        self._add(pair, {2: rx_bytes, 3: rx_packets})
+
+    def counters(self) -> dict[str, tuple[int, ...]]:
+        return {key: tuple(values) for key, values in self.rows.items()}

@@ -38,7 +38,7 @@ class LinkEnd:
     (a namespace or container and its interface; on real hosts the hosts and their class)."""
 
     key: str
-    kind: str  # "inter-dc" | "access"
+    kind: str  # "inter-dc" | "access" | "routed" (a DC pair without a direct link, shaped end to end: real hosts)
     ns: str
     ifname: str
     shaping: Shaping

@@ -9,7 +9,7 @@ from testbed.spec import LinkParams, load_topology
 from testbed.spec.errors import SpecError
 from testbed.spec.inventory import load_inventory
 from tests.conftest import ROOT, TOPOLOGIES, run_cli
-from tests.support.topologies import link_data, make_topology, pair_topology
+from tests.support.topologies import pair_topology
 
 INVENTORY = ROOT / "inventories" / "example-two-dc.yaml"
 
@@ -70,15 +70,6 @@ def test_inventory_that_does_not_fit_the_topology_is_one_line(tmp_path):
     three = pair_topology("t", east=3, west=2)
     with pytest.raises(SpecError, match=r"dcs.east: 2 host\(s\) listed, topology t has 3 node\(s\) in east"):
         build_hosts_plan(three, load_inventory(INVENTORY), "netem", "tb-")
-
-
-def test_dcs_without_a_direct_link_are_refused():
-    chain = make_topology("chain", {"a": 1, "b": 1, "c": 1}, [link_data("a", "b"), link_data("b", "c")])
-    inventory = load_inventory(INVENTORY).model_copy(update={"dcs": {
-        name: [load_inventory(INVENTORY).dcs["east"][0].model_copy(update={"name": name, "address": f"10.0.0.{i}"})]
-        for i, name in enumerate(("a", "b", "c"))}})
-    with pytest.raises(SpecError, match="every pair of DCs needs a direct link \\(none between a and c\\)"):
-        build_hosts_plan(chain, inventory, "netem", "tb-")
 
 
 def test_dry_run_prints_every_hosts_commands_without_connecting(monkeypatch):

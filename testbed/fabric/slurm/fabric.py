@@ -44,7 +44,7 @@ from testbed.fabric.slurm.state import SlurmState
 from testbed.fabric.state import FabricState
 from testbed.fabric.state import save as save_state
 from testbed.plan.delayline import dump_config
-from testbed.plan.hosts import HostPlan, class_commands
+from testbed.plan.hosts import HopTotals, HostPlan
 from testbed.plan.view import LinkEnd
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
@@ -496,13 +496,11 @@ class SlurmFabric(Fabric[SlurmPlan]):
         applied = {**self.state.applied_params(), **changes}
         self.job.overrides = {key: asdict(params) for key, params in applied.items()}
         new = slurm_plan(self.job)
-        ends = [key.split("->") for key in changes]
 
         def update(item: HostPlan) -> None:
-            lines = [shlex.join(argv) for (src, dst), params in zip(ends, changes.values()) if item.node.dc == src
-                     for argv in class_commands(item.host.interface, item.classes[dst], params, new.shaper,
-                                                verb="change")]
-            if item.delay_line and any(item.node.dc == dst for _, dst in ends):
+            commands, reload = new.reshape_commands(item, changes)  # every pair routed over a changed direction
+            lines = [shlex.join(argv) for argv in commands]
+            if reload:
                 _, memory = dirs_of(self.prefix, item.host.name)
                 config = f"{memory}/{item.host.name}.delayline.json"
                 status = f"{memory}/{item.host.name}.delayline.status"
@@ -522,38 +520,32 @@ class SlurmFabric(Fabric[SlurmPlan]):
             if code != 0:
                 raise FabricError(f"{item.host.name}: re-shaping {', '.join(changes)}: {said.strip()[-300:]}")
 
-        touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
+        pairs = [pair.split("->") for pair in new.crossing(changes)]
+        touched = [item for item in new.hosts if any(item.node.dc in pair for pair in pairs)]
         each_at_once(update, touched)
         write_text(Path(record.plan_file), self.job.dump())
         self.hosts_plan = new
 
     def counters(self) -> dict[str, LinkCounters]:
-        """Per direction: the sending nodes' leaf counters, the receiving nodes' accounting rules."""
+        """Per direction: the sending nodes' leaf counters, the receiving nodes' accounting rules (a pair routed
+        over several links counts on each: HopTotals)."""
         plan = self.hosts_plan
         assert plan is not None and self.job is not None
-        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.link_ends}
+        totals = HopTotals(plan)
         if self._record().root == "sudo":
             answers = each_at_once(self._node_counters, list(plan.hosts))
         else:  # the Prolog's nodes: tc's statistics read as the job's user; the accounting rules need root
             answers = self._qdisc_counters([item.host.name for item in plan.hosts])
         for item, answer in zip(plan.hosts, answers):
-            for peer, classid in item.classes.items():
-                for qdisc in answer["qdiscs"]:
-                    if qdisc.get("parent") == classid:
-                        row = totals[f"{item.node.dc}->{peer}"]
-                        row[0] += qdisc.get("bytes", 0)
-                        row[1] += qdisc.get("packets", 0)
-                        row[4] += qdisc.get("drops", 0)
+            totals.add_qdiscs(item, answer["qdiscs"])
             for line in answer["rules"]:
                 tokens = shlex.split(line)
                 tag = tokens[tokens.index("--comment") + 1]
                 peer = tag.rsplit(":rx:", 1)[1] if ":rx:" in tag else None
-                if peer is not None and f"{peer}->{item.node.dc}" in totals and "-c" in tokens:
+                if peer is not None and "-c" in tokens:
                     at = tokens.index("-c")
-                    row = totals[f"{peer}->{item.node.dc}"]
-                    row[3] += int(tokens[at + 1])
-                    row[2] += int(tokens[at + 2])
-        return {key: LinkCounters(*values) for key, values in totals.items()}
+                    totals.add_received(f"{peer}->{item.node.dc}", int(tokens[at + 2]), int(tokens[at + 1]))
+        return {key: LinkCounters(*values) for key, values in totals.counters().items()}
 
     def _qdisc_counters(self, nodes: list[str]) -> list[dict[str, Any]]:
         """Every node's tc statistics, one job step on all of them (no root: the sending side's counters only;
@@ -596,6 +588,7 @@ class SlurmFabric(Fabric[SlurmPlan]):
         assert self.job is not None
         return {"backend": "slurm", "summary": f"job {record.job_id}: {len(self.job.nodes)} nodes shaped by "
                 f"{'the Prolog' if record.root == 'prolog' else 'sudo -n'}", "job": record.job_id,
+                "composed": dict(self.hosts_plan.composed()) if self.hosts_plan else {},
                 "hosts": [{"node": item.node, "host": item.slurm, "address": item.address,
                            "interface": item.interface} for item in self.job.nodes]}
 

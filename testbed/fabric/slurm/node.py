@@ -169,22 +169,17 @@ def reshape(plan_file: str, keys: list[str]) -> dict:
     """Directions `keys` as the plan file carries them now: `tc change` where this node sends them, the delay
     line's new configuration (and SIGHUP) where it receives one."""
     from testbed.plan.delayline import dump_config
-    from testbed.plan.hosts import class_commands
 
     plan = JobPlan.load(Path(plan_file).read_text())
     placed = plan.placed(node_name())
     dev = _our_interface()
     full = hosts_plan(plan, interfaces={placed.slurm: dev})
     item = full.host(placed.slurm)
-    done = []
-    for key in keys:
-        src, dst = key.split("->")
-        if src == placed.dc and dst in item.classes:
-            params = full.link_end(key).shaping.params
-            for argv in class_commands(dev, item.classes[dst], params, plan.shaper, verb="change"):
-                run(argv)
-            done.append(f"tc {key}")
-    if item.delay_line and any(key.split("->")[1] == placed.dc for key in keys):
+    commands, reload = full.reshape_commands(item, keys)  # every pair routed over a changed direction
+    for argv in commands:
+        run(argv)
+    done = [f"tc {pair}" for pair in full.crossing(keys) if pair.split("->")[0] == placed.dc]
+    if reload:
         _, memory = dirs_of(plan.prefix, placed.slurm)
         config, status = _delay_files(memory, placed.slurm)
         pid = json.loads(status.read_text()).get("supervisor") if status.exists() else None

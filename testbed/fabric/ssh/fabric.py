@@ -47,10 +47,10 @@ from testbed.plan.delayline import dump_config
 from testbed.plan.hosts import (
     MEMORY_ROOT,
     ROOT_HANDLE,
+    HopTotals,
     HostPlan,
     HostsPlan,
     build_hosts_plan,
-    class_commands,
     comment,
     memory_dir,
 )
@@ -443,21 +443,19 @@ class SshFabric(Fabric[HostsPlan]):
 
     def impair_all(self, changes: dict[str, LinkParams]) -> None:
         """Change directions live, every host at once (its own connection's kept-open shell): `tc change` of
-        each direction it sends, one new delay-line configuration (and SIGHUP) if it receives any."""
+        each pair it sends whose route crosses a changed direction (the direction itself, and every pair composed
+        over it), one new delay-line configuration (and SIGHUP) if it receives any."""
         plan = self._require()
         assert self.state is not None
         new = build_hosts_plan(self.topology, self.inventory, plan.shaper, self.prefix,
                                {**self.state.applied_params(), **changes}, plan.inventory_file)
-        ends = [key.split("->") for key in changes]
 
         def update(item: HostPlan) -> None:
             """One script per host: its tc changes, then the delay line's new configuration and reload."""
-            commands = [argv for (src, dst), params in zip(ends, changes.values()) if item.node.dc == src
-                        for argv in class_commands(item.host.interface, item.classes[dst], params,
-                                                   new.shaper, verb="change")]
+            commands, reload = new.reshape_commands(item, changes)
             script = list(map(shlex.join, commands))
             gone = f"host {item.host.name}: its delay line is not running; run `testbed up` again"
-            if item.delay_line and any(item.node.dc == dst for _, dst in ends):
+            if reload:
                 pid = self._supervisor_pid(item)
                 if not pid:
                     raise RemoteError(gone)
@@ -474,7 +472,8 @@ class SshFabric(Fabric[HostsPlan]):
             if out.code != 0:
                 raise connection.failure(out, f"re-shaping {', '.join(changes)}")
 
-        touched = [item for item in new.hosts if any(item.node.dc in pair for pair in ends)]
+        pairs = [pair.split("->") for pair in new.crossing(changes)]
+        touched = [item for item in new.hosts if any(item.node.dc in pair for pair in pairs)]
         try:
             each_at_once(update, touched)
         except RemoteError as error:
@@ -483,33 +482,26 @@ class SshFabric(Fabric[HostsPlan]):
 
     def counters(self) -> dict[str, LinkCounters]:
         """Per direction: bytes/packets/drops of the leaf under each sending host's class for the peer DC,
-        and what the receiving hosts' accounting rules counted arriving from it."""
+        and what the receiving hosts' accounting rules counted arriving from it; a pair routed over several
+        links counts on each link it crosses, as the netns backend's gateways count it."""
         plan = self._require()
-        totals: dict[str, list[int]] = {end.key: [0, 0, 0, 0, 0] for end in plan.link_ends}
+        totals = HopTotals(plan)
         for item in plan.hosts:
             connection = self.connect(item.host)
             qdiscs = json.loads(connection.check(["tc", "-s", "-j", "qdisc", "show", "dev", item.host.interface],
                                                  "reading tc counters") or "[]")
-            for peer, classid in item.classes.items():
-                for qdisc in qdiscs:
-                    if qdisc.get("parent") == classid:
-                        row = totals[f"{item.node.dc}->{peer}"]
-                        row[0] += qdisc.get("bytes", 0)
-                        row[1] += qdisc.get("packets", 0)
-                        row[4] += qdisc.get("drops", 0)
+            totals.add_qdiscs(item, qdiscs)
             for tokens, tag in self._our_rules(connection, counters=True):
                 peer = tag.rsplit(":rx:", 1)[1] if ":rx:" in tag else None
-                if peer is not None and f"{peer}->{item.node.dc}" in totals:
+                if peer is not None:
                     at = tokens.index("-c")
-                    row = totals[f"{peer}->{item.node.dc}"]
-                    row[3] += int(tokens[at + 1])
-                    row[2] += int(tokens[at + 2])
-        return {key: LinkCounters(*values) for key, values in totals.items()}
+                    totals.add_received(f"{peer}->{item.node.dc}", int(tokens[at + 2]), int(tokens[at + 1]))
+        return {key: LinkCounters(*values) for key, values in totals.counters().items()}
 
     def status(self) -> dict[str, Any]:
         plan = self._require()
         return {"backend": "ssh", "summary": f"{len(plan.hosts)} hosts shaped over SSH",
-                "inventory": str(self.inventory_file),
+                "inventory": str(self.inventory_file), "composed": dict(plan.composed()),
                 "hosts": [{"node": item.node.name, "host": item.host.name, "address": item.host.address,
                            "interface": item.host.interface} for item in plan.hosts]}
 
