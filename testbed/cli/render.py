@@ -119,7 +119,9 @@ def status_tables(info: dict[str, Any]) -> list[Table]:
     for link in info["links"]:
         shown = {name: value_label(f"links[*].{name}", link[name]) if link[name] != "unlimited" else "unlimited"
                  for name in ("latency", "bandwidth", "jitter", "loss")}  # '10 ms', '1 Gbit/s', '0 %'
-        links.add_row(link["key"], shown["latency"], shown["bandwidth"], shown["jitter"], shown["loss"],
+        composed = info.get("composed", {}).get(link["key"])  # a routed pair on real hosts: its hops end to end
+        key = link["key"] + (f" (composed: {' + '.join(composed)})" if composed else "")
+        links.add_row(key, shown["latency"], shown["bandwidth"], shown["jitter"], shown["loss"],
                       f"{link['queue']:,}" if isinstance(link["queue"], int) else str(link["queue"]), link["mechanism"])
     lines = Table("direction", "latency", "own path taken back", "residual p50", "packets", "least delay", "note",
                   title="userspace delay lines (since they started)")
