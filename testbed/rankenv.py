@@ -39,6 +39,7 @@ GPU_SHARERS = "TESTBED_GPU_SHARERS"  # how many ranks share this machine's GPUs
 GPU_SLOT = "TESTBED_GPU_SLOT"  # this rank's place among them
 # torchft strategies (testbed.workload.replica): the DC's replica group
 REPLICA_STORE = "TESTBED_REPLICA_STORE"  # host:port of the group's TCPStore (served by the group's rank 0)
+NODE_ADDRESS = "TESTBED_NODE_ADDRESS"  # this rank's node's address (its Manager and checkpoint servers are reached there)
 TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: the lighthouse's http://host:port
 # silent data corruption (testbed.workload.sdc)
 SDC = "TESTBED_SDC"  # the corruptions this rank injects, a JSON list

@@ -44,7 +44,7 @@ def replica_group_env(specs: list[RankSpec], plan: NetworkPlan, lighthouse_port:
         first_of_dc.setdefault(node.dc_index, node.address)
     url = f"http://{plan.nodes[0].address}:{lighthouse_port}"
     return [replace(s, env={**s.env, rankenv.REPLICA_STORE: f"{first_of_dc[s.node.dc_index]}:{store_port}",
-                            rankenv.TORCHFT_LIGHTHOUSE: url}) for s in specs]
+                            rankenv.NODE_ADDRESS: s.node.address, rankenv.TORCHFT_LIGHTHOUSE: url}) for s in specs]
 
 
 class Lighthouse:
@@ -93,3 +93,4 @@ class Lighthouse:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

@@ -56,6 +56,7 @@ class ReplicaGroup(Strategy):
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=self.use_async_quorum,
             load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
+            hostname=os.environ.get(rankenv.NODE_ADDRESS, host),  # where its servers are reached: its node's address
             store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
             lighthouse_addr=os.environ[rankenv.TORCHFT_LIGHTHOUSE], timeout=timeout, quorum_timeout=timeout,
             connect_timeout=timeout)
