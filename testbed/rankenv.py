@@ -73,6 +73,8 @@ CODECS: dict[str, tuple[str, Any, Any]] = {
     "sdc": (SDC, lambda items: json.dumps(list(items)), lambda text: tuple(json.loads(text))),
     "sdc_check": (SDC_CHECK, *_BOOL), "sdc_replay": (SDC_REPLAY, lambda share: f"{share:g}", float),
     "sdc_buddy": (SDC_BUDDY, *_BOOL),
+    "replica_store": (REPLICA_STORE, *_STR), "node_address": (NODE_ADDRESS, *_STR),
+    "torchft_lighthouse": (TORCHFT_LIGHTHOUSE, *_STR),
 }
 
 
@@ -108,6 +110,9 @@ class RankEnv:
     sdc_check: bool | None = None
     sdc_replay: float | None = None
     sdc_buddy: bool | None = None
+    replica_store: str | None = None  # torchft strategies: the replica group's TCPStore, host:port
+    node_address: str | None = None  # torchft strategies: where this rank's Manager and checkpoint servers are reached
+    torchft_lighthouse: str | None = None  # torchft strategies: the lighthouse's http://host:port
 
     def to_env(self) -> dict[str, str]:
         """The variables of the fields that are set, as the rank reads them."""

@@ -23,6 +23,7 @@ from testbed.spec.strategies import (
     DILOCO,
     OPTIONS,
     STRATEGIES,
+    TORCHFT,
     OptionError,
     Options,
     check_option,
@@ -100,6 +101,10 @@ class StrategySpec(BaseModel):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: unknown strategy {strategy!r}{did_you_mean(strategy, STRATEGIES)} "
                              f"(known: {', '.join(STRATEGIES)})")
+        if strategy in TORCHFT:
+            raise ValueError(f"strategy: {strategy} is not run by `testbed run` yet: the runner does not start "
+                             "torchft's lighthouse and replica groups across the emulated DCs (the workload's "
+                             "strategy runs under torchrun with its lighthouse and replica stores given)")
         for key, value in self.options.items():
             definition = OPTIONS.get(key)
             if definition is None or definition.place == "harness":

@@ -44,9 +44,11 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
     StrategyInfo("async-diloco", "DiLoCo whose outer synchronisation runs in the background while inner steps go "
                                  "on, up to max_staleness steps"),
     StrategyInfo("torchft-ddp", "torchft: every DC a replica group, per-step quorums through a lighthouse, "
-                                "fault-tolerant DDP across the groups (a group that dies is left out and heals)"),
+                                "fault-tolerant DDP across the groups (a group that dies is left out and heals); "
+                                "the workload's only: `testbed run` does not start its lighthouse yet"),
     StrategyInfo("torchft-diloco", "torchft's DiLoCo: every DC a replica group, an outer step across the groups "
-                                   "every inner_steps, quorum per outer step"),
+                                   "every inner_steps, quorum per outer step; the workload's only: `testbed run` "
+                                   "does not start its lighthouse yet"),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")
