@@ -47,12 +47,14 @@ def write_crash_log(error: BaseException) -> Path | None:
 
 def main() -> None:
     """The `testbed` command: an unexpected exception ends in one line and the path of its traceback."""
+    from rich.markup import escape
+
     try:
         app()
     except Exception as error:  # SystemExit and KeyboardInterrupt pass: typer already turned them into statuses
         path = write_crash_log(error)
         where = f"full traceback: {path}" if path else "the traceback could not be written"
         text = " ".join(str(error).split()) or "(no message)"
-        err.print(f"[red]error:[/red] unexpected {type(error).__name__}: {text} ({where})", highlight=False,
-                  soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(f'unexpected {type(error).__name__}: {text} ({where})')}",
+                  highlight=False, soft_wrap=True)  # gloo's messages carry [/path:line], which is no markup
         sys.exit(EXIT_INTERNAL)

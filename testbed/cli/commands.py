@@ -110,7 +110,7 @@ def _guard(fn: Any) -> Any:
 
 
 def _progress(message: str) -> None:
-    err.print(f"[dim]{message}[/dim]")
+    err.print(f"[dim]{escape(message)}[/dim]")
 
 
 def _seconds(command: str, flag: str, value: str, *, zero: bool = False) -> float:
