@@ -17,6 +17,7 @@ DELAY_LINE_BATCH = "TESTBED_DELAY_LINE_BATCH"  # 0: the delay line watches its q
 DELAY_LINE_WARM = "TESTBED_DELAY_LINE_WARM"  # 0: the delay line does not warm its verdict's path before a release
 GSO = "TESTBED_GSO"  # 0: the netns fabric leaves every interface's GSO size at the kernel's 64 KiB (plan/gso.py)
 PROBE_RT = "TESTBED_PROBE_RT"  # 0: the probe agent's pinger runs without SCHED_FIFO (testbed.agents.probe)
+FAULTS_RT = "TESTBED_FAULTS_RT"  # 0: the fault driver's thread runs without SCHED_FIFO (testbed.runner.faults)
 
 
 def switched_on(name: str) -> bool:

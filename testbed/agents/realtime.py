@@ -8,12 +8,14 @@ import os
 from testbed import settings
 
 
-def fifo(switch: str, priority: int) -> str:
-    """SCHED_FIFO at `priority` for the calling thread unless $`switch` is 0; what it runs as ('fifo' or 'other')."""
+def fifo(switch: str, priority: int, reset_on_fork: bool = False) -> str:
+    """SCHED_FIFO at `priority` for the calling thread unless $`switch` is 0; what it runs as ('fifo' or 'other').
+    `reset_on_fork`: what the thread starts (a `tc`, an ssh session) runs as an ordinary process."""
     if not settings.switched_on(switch):
         return "other"
+    policy = os.SCHED_FIFO | (os.SCHED_RESET_ON_FORK if reset_on_fork else 0)
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        os.sched_setscheduler(0, policy, os.sched_param(priority))
     except OSError:  # no CAP_SYS_NICE, or an RT budget of 0 (some containers): run as before
         return "other"
     return "fifo"

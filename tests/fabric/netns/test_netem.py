@@ -331,10 +331,10 @@ def test_every_link_fault_kind_is_netem_on_both_ends_on_schedule_and_cleared(thr
     testbed.apply_fault("warm-up", {key: dataclasses.replace(testbed.plan.link_end(key).shaping.params, loss=0.001)
                                     for key in ("east->west", "west->east")})
     testbed.clear_fault("warm-up")
-    # the clock starts 10 s from now: start() collects the heap and opens the namespaces' netlink sockets, and the
-    # fault thread its own (pyroute2 keeps one per thread), 1 s each in UML (from 5 s, the first fault came up to 2 s
-    # late: the thread was still opening them)
-    driver = FaultDriver(testbed, faults, "uml", 0, None, None, zero=time.time() + 10.0)
+    # the clock starts once the fault thread is ready: start() collects the heap and opens the namespaces' netlink
+    # sockets, and the thread its own (pyroute2 keeps one per thread), 1 s each in UML; a clock started 10 s ahead
+    # instead was not enough in CI (2026-12-01: the first fault 1.14 s late, the thread still preparing)
+    driver = FaultDriver(testbed, faults, "uml", 0, None, None, clock_at_start=True)
     seen: dict[str, list[str]] = {}
     taken: dict[str, tuple[float, float]] = {}  # when each look began and ended, seconds from the clock's zero
     # the timeline with UML real-time: on schedule is the driver's duty, not the host's; without it, at load 15
@@ -342,6 +342,7 @@ def test_every_link_fault_kind_is_netem_on_both_ends_on_schedule_and_cleared(thr
     with host_realtime() as realtime:
         try:
             driver.start()
+            assert driver.ready.wait(120), "the fault thread did not get ready in 120 s"
             for name, begin, _ in sorted(looks, key=lambda look: look[1]):
                 time.sleep(max(0.0, begin + 0.5 - (time.time() - driver.zero)))  # 0.25 s late at most, then a look
                 looked = time.time() - driver.zero
