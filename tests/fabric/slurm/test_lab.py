@@ -64,13 +64,18 @@ def lab() -> Iterator[SlurmLab]:
         yield made
 
 
-@pytest.fixture
-def slurm(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
-    """The backend as the shared scenario drives it; the test's prefix is torn down with SLURM_CONF still set."""
+def backend_on(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """The backend as the shared scenario drives it, on `lab`; the test's prefix is torn down with SLURM_CONF still
+    set (monkeypatch's environment outlives the test body)."""
     for key in ("SLURM_CONF", "SLURMLAB_NAME", "SLURMLAB_DIR"):
         monkeypatch.setenv(key, lab.env[key])
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield Backend("slurm", run_cli, ["--backend", "slurm"], leftovers=lambda: left_by(lab, prefix))
+    return Backend("slurm", run_cli, ["--backend", "slurm"], leftovers=lambda: left_by(lab, prefix))
+
+
+@pytest.fixture
+def slurm(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    return backend_on(lab, prefix, monkeypatch)
 
 
 FAULT_S = 6.0  # longer than tests/fabric/test_backends.py's 3 s: one `status` here takes 2-4 s at load 14-17

@@ -52,12 +52,9 @@ def lab(topology: Path) -> Iterator[SlurmLab]:
 
 
 @pytest.fixture
-def slurm(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
-    for key in ("SLURM_CONF", "SLURMLAB_NAME", "SLURMLAB_DIR"):
-        monkeypatch.setenv(key, lab.env[key])
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+def slurm(lab: SlurmLab, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Backend:
     monkeypatch.setattr(test_lab, "NODES", ("a-0", "b-0", "c-0"))
-    yield Backend("slurm", run_cli, ["--backend", "slurm"], leftovers=lambda: test_lab.left_by(lab, prefix))
+    return test_lab.backend_on(lab, prefix, monkeypatch)
 
 
 def test_a_chain_is_shaped_end_to_end_and_a_hops_change_reshapes_the_pair_over_it(slurm: Backend, topology: Path):
