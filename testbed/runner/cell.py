@@ -23,8 +23,10 @@ from testbed.runner.faults import FaultDriver
 from testbed.runner.fidelity import delay_line_cpu_s, delay_line_lateness
 from testbed.runner.follow import Follower
 from testbed.runner.hostcpu import StealSampler
+from testbed.runner.lighthouse import replica_groups
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import RankGroup, missing_torch, rank_layout
+from testbed.runner.replicas import replica_figures
 from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.runner.sdc import sdc_env, sdc_record
 from testbed.spec.faults import Fault
@@ -69,10 +71,24 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
            **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files),
            **(extra_env or {})}
     emulated = registry.get(testbed.state.backend).emulated
-    specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
+    groups = replica_groups(testbed, cell.options, log_dir)  # torchft's strategies: every DC a replica group
+
+    def layout() -> list:
+        specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env,
+                            emulated=emulated)
+        return groups.tell(specs) if groups else specs
+
+    specs = layout()
     sampler = StealSampler().start() if emulated else None  # the ranks share this machine's CPUs
     launched, clock = time.time(), time.monotonic()
-    group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
+    if groups:
+        groups.start()  # the lighthouse, before any group asks it for a quorum
+    try:
+        group = RankGroup(testbed.fabric, specs, argv, log_dir, forks)
+    except BaseException:
+        if groups:
+            groups.close()
+        raise
     follower = None
     rank0 = metrics_dir / "rank0.jsonl"
     if any(fault.kind != "sdc" for fault in faults) and not registry.get(testbed.state.backend).shares_files:
@@ -84,7 +100,10 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     driver = FaultDriver(testbed, faults, cell.id, seed, rank0, cell_dir / "faults.json",
                          lambda rank, number: group.signal(rank, number),
                          lambda rank, slowdown, until: group.straggle(rank, slowdown, until),
-                         rank_nodes=[spec.node.name for spec in specs])
+                         rank_nodes=[spec.node.name for spec in specs], rank_dcs=[spec.node.dc for spec in specs],
+                         # torchft's groups train on while a DC is down: its ranks' deaths do not end the cell
+                         hold_rank=(lambda rank: group.hold(rank)) if groups else None,
+                         restart_rank=lambda rank: group.restart(rank))
     deaths: list[dict] = []
     try:
         driver.start()
@@ -100,7 +119,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
                 break
             deaths.append({"failed_rank": outcome.failed_rank, "reason": outcome.reason, "died_at": time.time()})
             group.close()
-            specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env, emulated=emulated)
+            specs = layout()
             group = RankGroup(testbed.fabric, specs, argv, log_dir / f"restart{len(deaths)}", forks)
         outcome.seconds = time.monotonic() - clock
     finally:
@@ -112,13 +131,16 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
             finally:
                 if follower is not None:
                     follower.close()
+                if groups:
+                    groups.close()
                 host_cpu = sampler.stop() if sampler else None
     testbed.fabric.fetch_outputs(metrics_dir)
     after = inter_dc_counters(testbed)
     late_after = testbed.fabric.delay_line_stats()
     lateness = delay_line_lateness(testbed, late_before, late_after)
-    killed = [e["target"] for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None]
-    if not outcome.ok and outcome.failed_rank is not None and f"rank {outcome.failed_rank}" in killed:
+    killed = {rank for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None
+              for rank in driver.ranks_of(faults[e["index"]])}
+    if not outcome.ok and outcome.failed_rank is not None and outcome.failed_rank in killed:
         outcome.reason += " (killed by the faults: timeline)"
     interpreter = None if outcome.ok else missing_torch(argv, outcome.log_tail)
     if interpreter:  # a command whose interpreter has no torch: which one it ran
@@ -137,6 +159,12 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
               "restarts": restart_figures(metrics_dir / "rank0.jsonl", deaths),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}
+    if groups:  # torchft's groups: who was in the quorums, the heals, the pace around a DC's death
+        zero = fault_record["clock_zero"]
+        kills = [(zero + e["applied_at"], zero + e["cleared_at"] if e.get("cleared_at") is not None else None)
+                 for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None
+                 and zero is not None]
+        result["replica_groups"] = replica_figures(metrics_dir, len(specs), kills)
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
     return result
 

@@ -11,16 +11,20 @@ and `testbed clean` kill every process left (netns: testbed.fabric.netns.namespa
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from testbed import rankenv
+from testbed.fabric.lifecycle import Testbed
 from testbed.plan.network import NetworkPlan
 from testbed.runner.ranks import RankSpec
+from testbed.spec.strategies import TORCHFT
 
 PROGRAM = "torchft_lighthouse"  # torchft's console script (its Rust lighthouse), beside this interpreter
 JOIN_TIMEOUT_MS = 1000  # how long a quorum waits for more groups once min_replicas have joined
@@ -94,3 +98,37 @@ class Lighthouse:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+class ReplicaGroups:
+    """What a cell of a torchft strategy adds to its ranks: the lighthouse in the first node (start() before the
+    ranks, close() after them) and each rank's group store and lighthouse address (tell())."""
+
+    def __init__(self, testbed: Testbed, heartbeat_timeout_ms: int, log: Path) -> None:
+        self.testbed, self.log = testbed, log
+        # below Linux's ephemeral range, as the ranks' master port (testbed.runner.ranks.rank_layout)
+        self.lighthouse_port, self.store_port = random.sample(range(20000, 32000), 2)
+        self.argv = lighthouse_argv(self.lighthouse_port, heartbeat_timeout_ms=heartbeat_timeout_ms)
+        self.lighthouse: Lighthouse | None = None
+
+    def tell(self, specs: list[RankSpec]) -> list[RankSpec]:
+        return replica_group_env(specs, self.testbed.plan, self.lighthouse_port, self.store_port)
+
+    def start(self) -> None:
+        self.lighthouse = Lighthouse(self.testbed.fabric, self.testbed.plan.nodes[0].name, self.argv, self.log)
+        try:
+            self.lighthouse.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.lighthouse is not None:
+            self.lighthouse.close()
+
+
+def replica_groups(testbed: Testbed, options: dict[str, Any], log_dir: Path) -> ReplicaGroups | None:
+    """A cell's replica groups where its strategy is one of torchft's, else None."""
+    if options.get("strategy") not in TORCHFT:
+        return None
+    return ReplicaGroups(testbed, int(options.get("heartbeat_timeout_ms") or 5000), log_dir / "lighthouse.log")

@@ -101,10 +101,6 @@ class StrategySpec(BaseModel):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: unknown strategy {strategy!r}{did_you_mean(strategy, STRATEGIES)} "
                              f"(known: {', '.join(STRATEGIES)})")
-        if strategy in TORCHFT:
-            raise ValueError(f"strategy: {strategy} is not run by `testbed run` yet: the runner does not start "
-                             "torchft's lighthouse and replica groups across the emulated DCs (the workload's "
-                             "strategy runs under torchrun with its lighthouse and replica stores given)")
         for key, value in self.options.items():
             definition = OPTIONS.get(key)
             if definition is None or definition.place == "harness":
@@ -218,6 +214,13 @@ class Experiment(BaseModel):
         for index, fault in enumerate(self.faults):
             if fault.kind == "sdc":
                 self._check_sdc(f"faults[{index}]", fault)
+            if fault.restart_after is not None:
+                for number, spec in enumerate(self.strategies):
+                    if spec.workload_strategy not in TORCHFT:
+                        raise ValueError(f"faults[{index}].restart_after: only torchft's strategies "
+                                         f"({', '.join(TORCHFT)}) train on while ranks are down and take them back; "
+                                         f"strategies[{number}] is {spec.workload_strategy} ({spec.name}): leave "
+                                         "restart_after out (the cell fails) or restart every rank (restarts:)")
         for index, fault in enumerate(self.faults):
             dark = fault.duration if fault.kind == "partition" else fault.down if fault.kind == "flap" else None
             if dark is not None and dark >= self.cell_timeout:
@@ -408,12 +411,16 @@ class Experiment(BaseModel):
                                 f"step {fault.at.step} is never reached: the cells run steps 0-{steps - 1}{at}")
 
     def _check_fault_links(self, topology: Topology, source: Path | None) -> None:
-        """Every link fault names a link of the topology (a fault acts on one link, never a routed path)."""
+        """Every link fault names a link of the topology (a fault acts on one link, never a routed path); a DC's
+        kill, a DC of it."""
         for index, fault in enumerate(self.faults):
+            names = [d.name for d in topology.dcs]
+            if fault.dc is not None and fault.dc not in names:
+                raise SpecError(source, f"faults[{index}].dc",
+                                f"no DC named {fault.dc!r}{did_you_mean(fault.dc, names)} (DCs: {', '.join(names)})")
             if fault.between is None:
                 continue
             a, b = fault.between
-            names = [d.name for d in topology.dcs]
             for dc in (a, b):
                 if dc not in names:
                     raise SpecError(source, f"faults[{index}].between",

@@ -44,11 +44,9 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
     StrategyInfo("async-diloco", "DiLoCo whose outer synchronisation runs in the background while inner steps go "
                                  "on, up to max_staleness steps"),
     StrategyInfo("torchft-ddp", "torchft: every DC a replica group, per-step quorums through a lighthouse, "
-                                "fault-tolerant DDP across the groups (a group that dies is left out and heals); "
-                                "the workload's only: `testbed run` does not start its lighthouse yet"),
+                                "fault-tolerant DDP across the groups (a group that dies is left out and heals)"),
     StrategyInfo("torchft-diloco", "torchft's DiLoCo: every DC a replica group, an outer step across the groups "
-                                   "every inner_steps, quorum per outer step; the workload's only: `testbed run` "
-                                   "does not start its lighthouse yet"),
+                                   "every inner_steps, quorum per outer step"),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")

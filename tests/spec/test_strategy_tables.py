@@ -44,12 +44,3 @@ def test_every_strategy_has_a_workload_class_in_its_familys_module_and_no_other_
 def test_the_specs_other_lists_of_strategies_name_only_strategies(table):
     assert set(getattr(experiment, table)) <= set(STRATEGIES)
 
-
-def test_a_torchft_strategy_is_refused_by_an_experiment_in_one_line_until_the_runner_starts_its_lighthouse():
-    from pydantic import ValidationError
-
-    from testbed.spec.experiment import StrategySpec
-
-    for name in TORCHFT:
-        with pytest.raises(ValidationError, match=rf"strategy: {name} is not run by `testbed run` yet"):
-            StrategySpec(name=name)

@@ -35,6 +35,21 @@ def _average_in_dc(params: list[torch.nn.Parameter]) -> None:
             p.grad /= dist.get_world_size()
 
 
+def node_transport(address: str, timeout: timedelta):  # -> torchft's HTTPTransport
+    """torchft's HTTP checkpoint transport, announcing `address` (this rank's node) instead of the host's name:
+    torchft 0.2.0 announces socket.gethostname(), which every namespace of a netns testbed shares and which
+    resolves to an address on no emulated link, so a restarted group's heal from a peer in another DC was refused."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class NodeHTTPTransport(HTTPTransport):
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            host = f"[{address}]" if ":" in address else address
+            return f"http://{host}:{port}/checkpoint/"
+
+    return NodeHTTPTransport(timeout=timeout, num_chunks=0)
+
+
 class ReplicaGroup(Strategy):
     """What the three share: the model, torchft's Manager over a gloo group, the heal's state."""
 
@@ -53,10 +68,11 @@ class ReplicaGroup(Strategy):
         host, port = os.environ[rankenv.REPLICA_STORE].rsplit(":", 1)
         timeout = timedelta(seconds=ctx.opts.quorum_timeout_s)
         self.healed_bytes = 0
+        node = os.environ.get(rankenv.NODE_ADDRESS, host)  # where its servers are reached: its node's address
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=self.use_async_quorum,
             load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
-            hostname=os.environ.get(rankenv.NODE_ADDRESS, host),  # where its servers are reached: its node's address
+            hostname=node, checkpoint_transport=node_transport(node, timeout),
             store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
             lighthouse_addr=os.environ[rankenv.TORCHFT_LIGHTHOUSE], timeout=timeout, quorum_timeout=timeout,
             connect_timeout=timeout)
