@@ -41,6 +41,7 @@ GPU_SLOT = "TESTBED_GPU_SLOT"  # this rank's place among them
 REPLICA_STORE = "TESTBED_REPLICA_STORE"  # host:port of the group's TCPStore (served by the group's rank 0)
 NODE_ADDRESS = "TESTBED_NODE_ADDRESS"  # this rank's node's address (its Manager and checkpoint servers are reached there)
 TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: the lighthouse's http://host:port
+RANK_RESTARTED = "TESTBED_RANK_RESTARTED"  # 1: this rank was started again alone, mid-cell (a DC's kill)
 # silent data corruption (testbed.workload.sdc)
 SDC = "TESTBED_SDC"  # the corruptions this rank injects, a JSON list
 SDC_CHECK = "TESTBED_SDC_CHECK"
@@ -74,7 +75,7 @@ CODECS: dict[str, tuple[str, Any, Any]] = {
     "sdc_check": (SDC_CHECK, *_BOOL), "sdc_replay": (SDC_REPLAY, lambda share: f"{share:g}", float),
     "sdc_buddy": (SDC_BUDDY, *_BOOL),
     "replica_store": (REPLICA_STORE, *_STR), "node_address": (NODE_ADDRESS, *_STR),
-    "torchft_lighthouse": (TORCHFT_LIGHTHOUSE, *_STR),
+    "torchft_lighthouse": (TORCHFT_LIGHTHOUSE, *_STR), "rank_restarted": (RANK_RESTARTED, *_BOOL),
 }
 
 
@@ -113,6 +114,7 @@ class RankEnv:
     replica_store: str | None = None  # torchft strategies: the replica group's TCPStore, host:port
     node_address: str | None = None  # torchft strategies: where this rank's Manager and checkpoint servers are reached
     torchft_lighthouse: str | None = None  # torchft strategies: the lighthouse's http://host:port
+    rank_restarted: bool | None = None  # started again alone mid-cell (a DC's kill with restart_after)
 
     def to_env(self) -> dict[str, str]:
         """The variables of the fields that are set, as the rank reads them."""

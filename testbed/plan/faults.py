@@ -45,12 +45,13 @@ def fault_seed(workload_seed: int, cell_id: str, index: int) -> int:
 
 def actions_of(index: int, fault: Fault) -> list[FaultAction]:
     """The apply/clear actions of one fault. SDC is injected by the workload at its step: no actions here; a
-    kill is applied and never cleared."""
+    kill is applied and never cleared, unless it restarts what it killed (`restart_after`: its clear)."""
     step, start = fault.at.step, fault.at.seconds or 0.0
     if fault.kind == "sdc":
         return []
     if fault.kind == "kill":
-        return [FaultAction(index, "apply", step, start)]
+        restart = [FaultAction(index, "clear", step, start + fault.restart_after)] if fault.restart_after else []
+        return [FaultAction(index, "apply", step, start), *restart]
     assert fault.duration is not None
     if fault.kind == "flap":
         assert fault.period is not None and fault.down is not None

@@ -70,19 +70,25 @@ class FaultDriver:
     def __init__(self, testbed: Testbed, faults: list[Fault], cell_id: str, workload_seed: int,
                  rank0: Path | None, record: Path | None, signal_rank: Signal | None = None,
                  slow_rank: Slow | None = None, zero: float | None = None,
-                 rank_nodes: list[str] | None = None, clock_at_start: bool = False) -> None:
+                 rank_nodes: list[str] | None = None, clock_at_start: bool = False,
+                 rank_dcs: list[str] | None = None, hold_rank: Callable[[int], None] | None = None,
+                 restart_rank: Callable[[int], None] | None = None) -> None:
         """`rank0`: rank 0's metrics file, with its step starts, as it is written (here, or a live copy:
         testbed.runner.follow; None: no step anchors, as by hand); `zero`: the clock's zero when it is known now
         (by hand), else rank 0's start of step 0 (on its node's clock: SSH hosts' clocks must agree, as NTP
         keeps them; the host check reports each one's offset); `rank_nodes`: each rank's node (a kill's session
         there is opened before the clock starts); `clock_at_start` (by hand, instead of `zero`): the clock starts
         when the driver's thread is ready to act, so that what start() and the thread prepare (a full garbage
-        collection, a netlink socket: 0.1-0.2 s) does not shorten a fault due at 0 s whose clear stays on time."""
+        collection, a netlink socket: 0.1-0.2 s) does not shorten a fault due at 0 s whose clear stays on time.
+        `rank_dcs`: each rank's DC (a DC's kill); `hold_rank`: told of a rank before a kill, so that its death does
+        not end the cell (torchft's strategies train on); `restart_rank`: starts a killed rank again (restart_after)."""
         self.testbed, self.faults = testbed, faults
         # faults.json is rewritten after every action from a thread of its own: on a busy disk one write took up to
         # 0.26 s here, and the next action (a flap's clear, the next fault) waited for it in the driver's thread
         self._writer = LatestWriter(record, name="faults.json") if record is not None else None
         self.rank_nodes = rank_nodes or []
+        self.rank_dcs = rank_dcs or []
+        self.hold_rank, self.restart_rank = hold_rank, restart_rank
         self.rank0 = rank0
         self.signal_rank, self.slow_rank = signal_rank, slow_rank
         self.actions = schedule(faults)
@@ -109,7 +115,7 @@ class FaultDriver:
         self._write()
         if any(fault.is_link for fault in self.faults):
             self.testbed.fabric.prepare_link_faults()  # an SSH or docker exec session: most of a first change
-        signalled = {fault.rank for fault in self.faults if fault.kind in ("kill", "straggler") and fault.rank is not None}
+        signalled = {rank for fault in self.faults if fault.kind in ("kill", "straggler") for rank in self.ranks_of(fault)}
         nodes = sorted({self.rank_nodes[rank] for rank in signalled if rank < len(self.rank_nodes)})
         if nodes:  # the same for a kill's signal and a straggler's loop on its rank's node
             self.testbed.fabric.prepare_rank_faults(nodes)
@@ -132,6 +138,8 @@ class FaultDriver:
                 self.errors.append(f"{fault.kind} {fault.target_name()} (ending it): {error}")
         for action in self.actions:
             window = self._window(action)
+            if self.faults[action.fault].kind == "kill":
+                continue  # a restart not yet due when the cell ended: the ranks are not started again
             if action.action == "clear" and window.get("applied_at") is not None and window.get("cleared_at") is None:
                 self._act(action, self._now(), late=True)
         self._write()
@@ -143,6 +151,12 @@ class FaultDriver:
             gc.unfreeze()
             self._frozen = False
         return self.summary()
+
+    def ranks_of(self, fault: Fault) -> list[int]:
+        """The ranks a rank fault acts on: its rank, or every rank of its DC."""
+        if fault.dc is not None:
+            return [rank for rank, dc in enumerate(self.rank_dcs) if dc == fault.dc]
+        return [fault.rank] if fault.rank is not None else []
 
     def wait(self, timeout: float | None = None) -> None:
         """Until every action has been taken (or `timeout`)."""
@@ -227,8 +241,13 @@ class FaultDriver:
                                      {key: impaired(plan.link_end(key).shaping.params, fault)
                                       for key in link_keys(fault)})
         elif fault.kind == "kill":
-            assert fault.rank is not None
-            self._signal_rank(fault.rank, signal.SIGKILL)
+            ranks = self.ranks_of(fault)
+            if not ranks:
+                raise RuntimeError(f"no rank in {fault.target_name()}")
+            for rank in ranks:
+                if self.hold_rank is not None:
+                    self.hold_rank(rank)
+                self._signal_rank(rank, signal.SIGKILL)
         elif fault.kind == "straggler":
             assert fault.rank is not None and fault.duration is not None and fault.slowdown is not None
             if self.slow_rank is None:
@@ -241,6 +260,11 @@ class FaultDriver:
     def _clear(self, action: FaultAction, fault: Fault) -> None:
         if fault.is_link:
             self.testbed.clear_fault(fault_id(action.fault, action.window))
+        elif fault.kind == "kill":  # restart_after: the killed ranks start again
+            if self.restart_rank is None:
+                raise RuntimeError("this run cannot restart its ranks")
+            for rank in self.ranks_of(fault):
+                self.restart_rank(rank)
         elif fault.kind == "straggler":
             self._end_straggler(action.fault)
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from testbed import rankenv
@@ -181,23 +181,44 @@ class RankGroup:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.procs: list = []
         self._logs = []
-        base = base_env()
-        module = forked_module(argv) if forks is not None else None
-        self.launcher = "fork" if module is not None else "exec"  # how its ranks started, for the records
+        self._argv, self._forks, self._base = argv, forks, base_env()
+        self._module = forked_module(argv) if forks is not None else None
+        self.launcher = "fork" if self._module is not None else "exec"  # how its ranks started, for the records
+        self.held: set[int] = set()  # ranks killed by a fault whose death does not end the cell (hold())
+        self.restarted: dict[int, int] = {}  # rank -> how many times restart() started it again
         try:
             for spec in specs:
-                if module is not None:
-                    self.procs.append(forks.spawn(spec.node.name, module, argv[3:], {**base, **spec.env},
-                                                  log_dir / f"rank{spec.rank}.log"))
-                    continue
-                log = open(log_dir / f"rank{spec.rank}.log", "wb")
-                self._logs.append(log)
-                self.procs.append(fabric.popen(spec.node.name, argv, env={**base, **spec.env}, stdout=log,
-                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               start_new_session=True))
+                self.procs.append(self._spawn(spec, log_dir / f"rank{spec.rank}.log"))
         except BaseException:
             self.close()
             raise
+
+    def _spawn(self, spec: RankSpec, log_path: Path):
+        if self._module is not None:
+            assert self._forks is not None
+            return self._forks.spawn(spec.node.name, self._module, self._argv[3:], {**self._base, **spec.env},
+                                     log_path)
+        log = open(log_path, "wb")
+        self._logs.append(log)
+        return self.fabric.popen(spec.node.name, self._argv, env={**self._base, **spec.env}, stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def hold(self, rank: int) -> None:
+        """Rank `rank` is about to be killed by a fault and the others train on (torchft's replica groups): its
+        death does not end the cell, and the cell may end without it."""
+        self.held.add(rank)
+
+    def restart(self, rank: int) -> None:
+        """Start rank `rank` again, as it was started (its log: rank<r>.restart<k>.log); it counts again."""
+        old = self.procs[rank]
+        if old.poll() is None:
+            raise RuntimeError(f"rank {rank} is still running: only a killed rank is started again")
+        number = self.restarted.get(rank, 0) + 1
+        spec = self.specs[rank]
+        again = replace(spec, env={**spec.env, **RankEnv(rank_restarted=True).to_env()})
+        self.procs[rank] = self._spawn(again, self.log_dir / f"rank{rank}.restart{number}.log")
+        self.restarted[rank] = number
+        self.held.discard(rank)
 
     def tail(self, rank: int, lines: int = LOG_TAIL) -> list[str]:
         try:
@@ -211,7 +232,8 @@ class RankGroup:
         start = time.monotonic()
         notes: dict[int, str] = {}  # ranks that ended by a signal in teardown, after their steps (teardown_note)
         while True:
-            codes = [proc.poll() for proc in self.procs]
+            codes = [None if spec.rank in self.held and proc.poll() is not None else proc.poll()
+                     for spec, proc in zip(self.specs, self.procs)]
             for spec, code in zip(self.specs, codes):
                 if code not in (None, 0) and spec.rank not in notes:
                     note = teardown_note(spec, code)
@@ -225,7 +247,8 @@ class RankGroup:
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
                                self.tail(spec.rank), time.monotonic() - start, died=True)
-            if all(code == 0 or spec.rank in notes for spec, code in zip(self.specs, codes)):
+            if all(code == 0 or spec.rank in notes or (spec.rank in self.held and self.procs[spec.rank].poll() is not None)
+                   for spec, code in zip(self.specs, codes)):
                 return Outcome(True, "; ".join(notes.values()), seconds=time.monotonic() - start)
             problem = health() if health else None
             if problem:

@@ -7,6 +7,7 @@
       - {kind: bandwidth, between: [east, west], at: 8s, duration: 2s, bandwidth: 10mbit}
       - {kind: latency, between: [east, west], at: 8s, duration: 2s, latency: 80ms, jitter: 5ms}
       - {kind: kill, rank: 3, at: step 6}
+      - {kind: kill, dc: west, at: step 4, restart_after: 5s}  # torchft: the others train on, west heals
       - {kind: straggler, rank: 2, at: step 3, duration: 5s, slowdown: 3}
       - {kind: sdc, rank: 1, at: step 8, target: gradient, bit: 30}
       - {kind: sdc, rank: 2, at: step 9, target: parameter, bit: 27, sticky: true}  # flips again when redone
@@ -36,10 +37,11 @@ FaultKind = Literal["partition", "loss-burst", "latency", "bandwidth", "flap", "
 REQUIRED: dict[str, tuple[str, ...]] = {
     "partition": ("between", "duration"), "loss-burst": ("between", "duration", "loss"),
     "latency": ("between", "duration", "latency"), "bandwidth": ("between", "duration", "bandwidth"),
-    "flap": ("between", "duration", "period", "down"), "kill": ("rank",),
+    "flap": ("between", "duration", "period", "down"), "kill": (),
     "straggler": ("rank", "duration", "slowdown"), "sdc": ("rank", "target", "bit"),
 }
-OPTIONAL: dict[str, tuple[str, ...]] = {"latency": ("jitter",), "sdc": ("tensor", "index", "sticky")}
+OPTIONAL: dict[str, tuple[str, ...]] = {"latency": ("jitter",), "sdc": ("tensor", "index", "sticky"),
+                                         "kill": ("rank", "dc", "restart_after")}
 
 _STEP = re.compile(r"^\s*step\s+(\d+)\s*$")
 
@@ -86,6 +88,8 @@ class Fault(BaseModel):
     at: At
     between: tuple[str, str] | None = None
     rank: int | None = None
+    dc: str | None = None  # kill: every rank of this DC (a DC's death)
+    restart_after: float | None = None  # kill: the killed ranks start again this long after (torchft strategies)
     duration: float | None = None
     loss: float | None = None
     latency: float | None = None
@@ -105,7 +109,7 @@ class Fault(BaseModel):
     def _at(cls, value: Any, info: ValidationInfo) -> At:
         return parse_at(value, si=si_numbers(info))
 
-    _duration = unit_field(units.parse_duration, "duration", "period", "down")
+    _duration = unit_field(units.parse_duration, "duration", "period", "down", "restart_after")
     _delay = unit_field(units.parse_delay, "latency", "jitter")
     _loss = unit_field(units.parse_fraction, "loss")
     _bandwidth = unit_field(units.parse_rate, "bandwidth")
@@ -123,6 +127,10 @@ class Fault(BaseModel):
             raise ValueError(f"between: a link joins two different DCs, got {list(self.between)}")
         if self.duration is not None and self.duration <= 0:
             raise ValueError("duration: must be longer than 0")
+        if self.kind == "kill" and (self.rank is None) == (self.dc is None):
+            raise ValueError("rank: a kill names a rank or a DC (dc: NAME), one of the two")
+        if self.restart_after is not None and self.restart_after <= 0:
+            raise ValueError("restart_after: must be longer than 0")
         if self.rank is not None and self.rank < 0:
             raise ValueError(f"rank: must not be negative, got {self.rank}")
         if self.kind == "flap":
@@ -153,7 +161,9 @@ class Fault(BaseModel):
         return self.kind in LINK_KINDS
 
     def target_name(self) -> str:
-        """What the fault hits, in words: 'east<->west' or 'rank 3'."""
+        """What the fault hits, in words: 'east<->west', 'rank 3' or 'dc west'."""
         if self.between is not None:
             return f"{self.between[0]}<->{self.between[1]}"
+        if self.dc is not None:
+            return f"dc {self.dc}"
         return f"rank {self.rank}"

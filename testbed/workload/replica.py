@@ -9,6 +9,7 @@ step. Per step one JSON line as the built-in loop writes, plus the quorum's part
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from datetime import timedelta
@@ -34,6 +35,25 @@ def group_store(layout, timeout: timedelta) -> dist.TCPStore:
                          wait_for_workers=False)
 
 
+GATE_KEY = "testbed/groups-ready"
+
+
+def wait_for_every_group(layout, store: dist.TCPStore, timeout: timedelta) -> None:
+    """Before the first quorum, until every rank of every group has its Manager (heartbeating to the lighthouse):
+    torchft forms a quorum of whoever has joined, so a group still starting would miss the first steps and heal
+    into them. The count is kept in the first DC's group store (every DC's store has the same port). A rank
+    started again alone mid-cell (RANK_RESTARTED) does not wait: it joins at the next quorum, as torchft means."""
+    if os.environ.get(rankenv.RANK_RESTARTED) == "1" or layout.num_dcs == 1:
+        return
+    _, port = os.environ[rankenv.REPLICA_STORE].rsplit(":", 1)
+    gate = store if layout.dc == 0 else dist.TCPStore(os.environ[rankenv.MASTER_ADDR], int(port), is_master=False,
+                                                      timeout=timeout, wait_for_workers=False)
+    gate.add(GATE_KEY, 1)
+    deadline = time.monotonic() + timeout.total_seconds()
+    while gate.add(GATE_KEY, 0) < layout.world and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def train_replica_group(opts: Options) -> list[dict]:
     """Train this rank's replica group under torchft until the Manager's step reaches opts.steps."""
     layout = layout_from_env()
@@ -49,6 +69,7 @@ def train_replica_group(opts: Options) -> list[dict]:
     begun = time.time()
     strategy = make_strategy(opts.strategy)
     strategy.setup(Context(layout, None, meter, None, cfg, opts, None))  # type: ignore[arg-type]
+    wait_for_every_group(layout, store, timeout)
     writer.write({"event": "start", "rank": layout.rank, "resumed_after_step": None, "dc": layout.dc,
                   "num_dcs": layout.num_dcs, "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes),
                   "world": layout.world, "strategy": opts.strategy, "options": dataclasses.asdict(opts),
@@ -76,6 +97,12 @@ def train_replica_group(opts: Options) -> list[dict]:
             writer.write(record)
             records.append(record)
             local += 1
+        # the groups' replicas end equal (torchft's promise, a heal included): a digest of the parameters says so
+        digest = hashlib.sha256()
+        for _, tensor in sorted(strategy.named_parameters().items()):
+            digest.update(tensor.detach().contiguous().numpy().tobytes())
+        writer.write({"event": "end", "rank": layout.rank, "step": strategy.current_step(),
+                      "params_sha256": digest.hexdigest(), "time": time.time()})
     finally:
         strategy.shutdown()
         writer.close()

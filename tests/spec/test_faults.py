@@ -70,6 +70,16 @@ def test_a_kill_is_never_cleared_and_sdc_is_the_workloads():
     assert schedule([kill, sdc]) == [FaultAction(0, "apply", 6, 0.0)]
 
 
+def test_a_dcs_kill_with_restart_after_is_cleared_by_starting_its_ranks_again_that_long_after():
+    kill = Fault(kind="kill", dc="west", at="step 4", restart_after="2.5s")
+    assert schedule([kill]) == [FaultAction(0, "apply", 4, 0.0), FaultAction(0, "clear", 4, 2.5)]
+    assert kill.target_name() == "dc west"
+    with pytest.raises(ValueError, match="restart_after: must be longer than 0"):
+        Fault(kind="kill", dc="west", at="1s", restart_after="0s")
+    with pytest.raises(ValueError, match="a rank or a DC"):
+        Fault(kind="kill", at="1s")
+
+
 def test_schedule_orders_clears_before_applies_at_the_same_moment():
     a = Fault(kind="latency", between=("east", "west"), at="1s", duration="1s", latency="50ms")
     b = Fault(kind="loss-burst", between=("east", "west"), at="2s", duration="1s", loss="5%")

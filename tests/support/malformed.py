@@ -110,6 +110,13 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
                                "faults[0].between", "no DC named 'north'"),
     "fault_rank_beyond_the_world": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 4, at: step 1}]\n"),
                                     "faults[0].rank", "rank 4 does not exist"),
+    "kill_of_a_rank_and_a_dc": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 1, dc: east, at: step 1}]\n"),
+                                "faults[0].rank", "a rank or a DC"),
+    "kill_of_an_unknown_dc": (text("[torchft-ddp]", extra="faults: [{kind: kill, dc: wset, at: step 1}]\n"),
+                              "faults[0].dc", "no DC named 'wset' (did you mean west?)"),
+    "restart_after_without_torchft": (
+        text("[torchft-ddp, diloco]", extra="faults: [{kind: kill, dc: west, at: step 1, restart_after: 2s}]\n"),
+        "faults[0].restart_after", "strategies[1] is diloco"),
     "fault_step_never_reached": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 1, at: step 4}]\n"),
                                  "faults[0].at", "step 4 is never reached"),
     "flap_down_longer_than_period": (

@@ -1,0 +1,76 @@
+"""What torchft's replica groups did in a cell (every DC one group: testbed.workload.replica), from the ranks'
+metrics: how many groups, the fewest in a step's quorum, the steps the others took without a group, each restarted
+group's heal (from its start again to its first step, the heal inside it, and the state that crossed the links for
+it) and the survivors' pace before, while and after a group was down."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+from typing import Any
+
+from testbed.steplog import read_records
+
+
+def _pace(times: list[float]) -> float | None:
+    """Steps per second over the step ends in `times` (None with fewer than two)."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+
+
+def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, float | None]]) -> dict[str, Any]:
+    """`kills`: (killed at, restarted at or None) of each DC's kill applied, epoch seconds. Figures of the ranks
+    whose files are in `metrics_dir`: replica_groups, participants_min and degraded_steps (steps with fewer groups
+    in the quorum than there are groups) from each rank's first quorum of all groups on, startup_steps (a
+    survivor's steps before it), heals (per restarted rank: heal_s from its start again to its first
+    step, healed_bytes) and steps_per_s before the first kill, while a group was down and after the last rejoin,
+    longest_gap_s (between two step ends after the kill), slowest_step_before_s and median_step_s, on the first
+    rank never killed."""
+    files = {rank: read_records(metrics_dir / f"rank{rank}.jsonl") for rank in range(world)
+             if (metrics_dir / f"rank{rank}.jsonl").exists()}
+    groups = {r["replica_group"] for records in files.values() for r in records
+              if r.get("event") == "start" and r.get("replica_group") is not None}
+    steps = {rank: [r for r in records if r.get("event") == "step"] for rank, records in files.items()}
+    # each rank's steps from its first quorum of every group on: before it, groups that started later had not
+    # joined yet (the lighthouse forms a quorum of whoever is there: min_replicas 1)
+    joined = {rank: next((i for i, r in enumerate(records) if r.get("participants") == len(groups)), len(records))
+              for rank, records in steps.items()}
+    participants = [r["participants"] for rank, records in steps.items() for r in records[joined[rank]:]
+                    if r.get("participants")]  # 0: no quorum yet (a DiLoCo's inner steps before its first outer one)
+    heals = []
+    for rank, records in sorted(files.items()):
+        starts = [i for i, r in enumerate(records) if r.get("event") == "start"]
+        for begin in starts[1:]:
+            started = records[begin]["time"]
+            after = [r for r in records[begin:] if r.get("event") == "step"]
+            heals.append({"rank": rank, "restarted_at": started,
+                          "heal_s": after[0]["time"] - started if after else None,
+                          # each step says what its process has healed so far
+                          "healed_bytes": max((r.get("healed_bytes", 0) for r in after), default=0)})
+    restarted = {heal["rank"] for heal in heals}
+    survivor = next((rank for rank in sorted(steps) if rank not in restarted and steps[rank]), None)
+    out: dict[str, Any] = {"replica_groups": len(groups), "participants_min": min(participants, default=None),
+                           "heals": heals}
+    if survivor is not None:
+        own = steps[survivor]
+        out["startup_steps"] = joined[survivor]  # steps it took before every group had joined
+        out["degraded_steps"] = sum(1 for r in own[joined[survivor]:] if r.get("participants", len(groups)) < len(groups))
+        out["survivor_rank"] = survivor
+        if kills:
+            first = min(at for at, _ in kills)
+            back = [again for _, again in kills]
+            last = max(back) if all(again is not None for again in back) else None
+            rejoined = [r["time"] for r in own if last is not None and r["time"] > last
+                        and r.get("participants") == len(groups)]
+            ends = [r["time"] for r in own]
+            out["steps_per_s"] = {
+                "before": _pace([t for t in ends if t <= first]),
+                "down": _pace([t for t in ends if first < t <= (rejoined[0] if rejoined else ends[-1])]),
+                "after": _pace([t for t in ends if rejoined and t >= rejoined[0]])}
+            gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(own) if b["time"] > first]
+            # the slowest step it took with every group in, before the kill (in a DiLoCo: one with an outer sync)
+            out["slowest_step_before_s"] = max((r["wall_s"] for r in own[joined[survivor]:] if r["time"] <= first),
+                                               default=None)
+            out["longest_gap_s"] = max(gaps, default=None)
+            out["median_step_s"] = statistics.median(r["wall_s"] for r in own) if own else None
+    return out
