@@ -9,10 +9,18 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pyroute2.config
 from pyroute2 import IPRoute, netns
 
 from testbed.plan import owned_by
 from testbed.waiting import alive, wait_for
+
+# A netlink socket in a namespace comes from a child process pyroute2 forks (NetNS): 6 ms on a host, 1 s inside
+# user-mode Linux, where pyroute2's 2 s for the child's answer (10 s in all) ran out beside 25 % CPU steal
+# (2026-12-02: "could not start netns socket within timeout" in the suite's netem tests). Each retry forks again,
+# so a longer wait for one answer is what helps; a healthy host never comes near either bound.
+pyroute2.config.default_communicate_timeout = max(pyroute2.config.default_communicate_timeout, 15)
+pyroute2.config.default_create_socket_timeout = max(pyroute2.config.default_create_socket_timeout, 45)
 
 
 def list_namespaces(prefix: str) -> list[str]:
