@@ -254,7 +254,7 @@ class RankGroup:
             if problem:
                 return Outcome(False, problem, None, None, time.monotonic() - start)
             if time.monotonic() - start > timeout:
-                waiting = [s.rank for s, c in zip(self.specs, codes) if c is None]
+                waiting = [s.rank for s, proc in zip(self.specs, self.procs) if proc.poll() is None]
                 return Outcome(False, f"timed out after {timeout:.0f}s (ranks still running: {waiting})",
                                waiting[0] if waiting else None, self.tail(waiting[0]) if waiting else None,
                                time.monotonic() - start)

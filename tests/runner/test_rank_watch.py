@@ -28,7 +28,22 @@ def group(tmp_path: Path, procs: list[PopenLike]) -> RankGroup:
     node = Node("east-0", "east", 0, 0, "tb-east-0", "198.18.0.1")
     watched.specs = [RankSpec(rank, node, 0, {}) for rank in range(len(procs))]
     watched.procs, watched.log_dir, watched._logs = procs, tmp_path, []
+    watched.held, watched.restarted = set(), {}
     return watched
+
+
+def test_a_held_ranks_death_neither_fails_the_cell_nor_keeps_it_waiting(tmp_path):
+    """A DC's kill under torchft holds its ranks first (RankGroup.hold): their SIGKILL is not a death, and the
+    cell is done when the others are; an unheld rank's death still is one."""
+    held = group(tmp_path, [Ended(0), Ended(-9), Ended(0)])
+    held.hold(1)
+    outcome = held.watch(5)
+    assert outcome.ok, outcome.reason
+    assert group(tmp_path, [Ended(0), Ended(-9), Ended(0)]).watch(5).failed_rank == 1
+    waiting = group(tmp_path, [Ended(None), Ended(-9), Ended(0)])
+    waiting.hold(1)
+    outcome = waiting.watch(0.3)  # rank 0 still running: a timeout names it, not the held rank
+    assert not outcome.ok and "timed out" in outcome.reason and outcome.failed_rank == 0
 
 
 def test_a_rank_ended_by_a_signal_is_named_before_peers_that_exited_with_an_error(tmp_path):
