@@ -99,7 +99,6 @@ class Lighthouse:
         self.close()
 
 
-
 class ReplicaGroups:
     """What a cell of a torchft strategy adds to its ranks: the lighthouse in the first node (start() before the
     ranks, close() after them) and each rank's group store and lighthouse address (tell())."""

@@ -232,29 +232,29 @@ class RankGroup:
         start = time.monotonic()
         notes: dict[int, str] = {}  # ranks that ended by a signal in teardown, after their steps (teardown_note)
         while True:
-            codes = [None if spec.rank in self.held and proc.poll() is not None else proc.poll()
-                     for spec, proc in zip(self.specs, self.procs)]
+            codes = [proc.poll() for proc in self.procs]
+            # held ranks a fault killed while the others train on: neither a death nor a rank to wait for
+            gone = {spec.rank for spec, code in zip(self.specs, codes) if spec.rank in self.held and code is not None}
             for spec, code in zip(self.specs, codes):
-                if code not in (None, 0) and spec.rank not in notes:
+                if code not in (None, 0) and spec.rank not in notes and spec.rank not in gone:
                     note = teardown_note(spec, code)
                     if note is not None:
                         notes[spec.rank] = note
             dead = [(died_order(proc), spec, code) for spec, proc, code in zip(self.specs, self.procs, codes)
-                    if code not in (None, 0) and spec.rank not in notes]
+                    if code not in (None, 0) and spec.rank not in notes and spec.rank not in gone]
             if dead:  # the first to die (where known; else one ended by a signal, as a killed rank is, before one that
                 # exited with an error, as its peers do when its connections reset), then the lowest rank
                 _, spec, code = min(dead, key=lambda item: (item[0], item[2] > 0, item[1].rank))
                 why = f"signal {-code}" if code < 0 else f"exit code {code}"
                 return Outcome(False, f"rank {spec.rank} on {spec.node.name} died ({why})", spec.rank,
                                self.tail(spec.rank), time.monotonic() - start, died=True)
-            if all(code == 0 or spec.rank in notes or (spec.rank in self.held and self.procs[spec.rank].poll() is not None)
-                   for spec, code in zip(self.specs, codes)):
+            if all(code == 0 or spec.rank in notes or spec.rank in gone for spec, code in zip(self.specs, codes)):
                 return Outcome(True, "; ".join(notes.values()), seconds=time.monotonic() - start)
             problem = health() if health else None
             if problem:
                 return Outcome(False, problem, None, None, time.monotonic() - start)
             if time.monotonic() - start > timeout:
-                waiting = [s.rank for s, proc in zip(self.specs, self.procs) if proc.poll() is None]
+                waiting = [s.rank for s, c in zip(self.specs, codes) if c is None]
                 return Outcome(False, f"timed out after {timeout:.0f}s (ranks still running: {waiting})",
                                waiting[0] if waiting else None, self.tail(waiting[0]) if waiting else None,
                                time.monotonic() - start)
