@@ -47,14 +47,18 @@ STRATEGIES: dict[str, StrategyInfo] = {s.name: s for s in (
                                 "fault-tolerant DDP across the groups (a group that dies is left out and heals)"),
     StrategyInfo("torchft-diloco", "torchft's DiLoCo: every DC a replica group, an outer step across the groups "
                                    "every inner_steps, quorum per outer step"),
+    StrategyInfo("torchft-streaming-diloco", "torchft's Streaming DiLoCo: every DC a replica group, the model's "
+                                             "fragments synchronised in turn, each started fragment_sync_delay "
+                                             "inner steps before it is due, a quorum per fragment's sync"),
 )}
 
 DP = ("flat-dp", "hier-dp", "hier-dp-overlap")
 OVERLAP = ("hier-dp-overlap",)
 PP = ("pp",)
 DILOCO = ("diloco", "streaming-diloco", "async-diloco")
-TORCHFT = ("torchft-ddp", "torchft-diloco")  # torchft's classes: DCs as replica groups
-TORCHFT_DILOCO = ("torchft-diloco",)
+TORCHFT = ("torchft-ddp", "torchft-diloco", "torchft-streaming-diloco")  # torchft's classes: DCs as replica groups
+TORCHFT_DILOCO = ("torchft-diloco", "torchft-streaming-diloco")
+TORCHFT_STREAMING = ("torchft-streaming-diloco",)
 TORCH_NATIVE = ("ddp", "fsdp", "hsdp")  # PyTorch's own wrappers: they communicate from inside autograd's backward
 FSDP = ("fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "overlap")
@@ -130,7 +134,10 @@ class Options:
                                    lt=1)
     outer_shard: bool = option(True, "each node of a DC syncs 1/n of the pseudo-gradient", strategies=("diloco",),
                                strict=True)
-    fragments: int = option(2, "parameter fragments synchronised in turn", strategies=("streaming-diloco",), ge=1)
+    fragments: int = option(2, "parameter fragments synchronised in turn",
+                            strategies=("streaming-diloco", *TORCHFT_STREAMING), ge=1)
+    fragment_sync_delay: int = option(0, "torchft: inner steps between a fragment's all-reduce starting and its "
+                                         "outer step waiting for it", strategies=TORCHFT_STREAMING, ge=0)
     heartbeat_timeout_ms: int = option(5000, "torchft: the lighthouse's heartbeat timeout (a silent group leaves "
                                              "the quorum after it)", strategies=TORCHFT, ge=100)
     quorum_timeout_s: float = option(30.0, "torchft: how long a group waits for a quorum and for a collective or "
@@ -259,6 +266,14 @@ def check_options(opts: Options, dc_sizes: Sequence[int], dc_names: Sequence[str
     if opts.strategy in TORCHFT and opts.synthetic:
         raise OptionError("synthetic", f"{opts.strategy}: torchft's DDP and DiLoCo hook a real backward and "
                                        "optimizer step; use compute: real")
+    if opts.strategy in TORCHFT_STREAMING:  # torchft's DiLoCo refuses these at its start, in every rank: here first
+        if opts.inner_steps % opts.fragments:
+            raise OptionError("fragments", f"{opts.fragments} fragments must divide inner_steps ({opts.inner_steps}): "
+                                           "torchft syncs one fragment every inner_steps / fragments steps")
+        if opts.fragment_sync_delay >= opts.inner_steps // opts.fragments:
+            raise OptionError("fragment_sync_delay", f"{opts.fragment_sync_delay} must be less than inner_steps / "
+                                                     f"fragments ({opts.inner_steps // opts.fragments}): a fragment "
+                                                     "would be reduced again before its last sync ended")
     if opts.strategy == "streaming-diloco" and opts.overlap_steps >= opts.inner_steps:
         raise OptionError("overlap_steps", f"{opts.overlap_steps} must be less than inner_steps "
                                            f"({opts.inner_steps}): a fragment's sync would overlap its next one")

@@ -97,9 +97,9 @@ def train_replica_group(opts: Options) -> list[dict]:
             writer.write(record)
             records.append(record)
             local += 1
-        # the groups' replicas end equal (torchft's promise, a heal included): a digest of the parameters says so
+        # the groups' replicas end equal (torchft's promise, a heal included): a digest of what they share says so
         digest = hashlib.sha256()
-        for _, tensor in sorted(strategy.named_parameters().items()):
+        for _, tensor in sorted(strategy.shared_parameters().items()):
             digest.update(tensor.detach().contiguous().numpy().tobytes())
         writer.write({"event": "end", "rank": layout.rank, "step": strategy.current_step(),
                       "params_sha256": digest.hexdigest(), "time": time.time()})

@@ -70,6 +70,8 @@ workload: {steps: STEPS, warmup_steps: 1, micro_batch: 2, micro_batches: 1}
 strategies:
   - {name: torchft-ddp, options: {heartbeat_timeout_ms: HEARTBEAT}}
   - {name: torchft-diloco, options: {inner_steps: 8, heartbeat_timeout_ms: HEARTBEAT}}
+  - {name: torchft-streaming-diloco, options: {inner_steps: 8, fragments: 2, fragment_sync_delay: 1,
+                                               heartbeat_timeout_ms: HEARTBEAT}}
 baseline: none
 calibrate: none
 cell_timeout: 300s
@@ -79,9 +81,10 @@ faults:
 
 
 def test_a_killed_dc_restarts_heals_from_a_peer_and_the_others_never_stop_longer_than_the_heartbeat(prefix, tmp_path):
-    """Issue 56's done-means: across 3 DCs, one DC killed at step 40 and started 1 s later: every cell ok, the
-    others went on without it (never stopped longer than the heartbeat timeout plus one step), the restarted group
-    healed from a peer over the links and rejoined, and every rank ends with the same parameters."""
+    """Issue 56's done-means, for each torchft strategy: across 3 DCs, one DC killed at step 40 and started 1 s
+    later: every cell ok, the others went on without it (never stopped longer than the heartbeat timeout plus one
+    step), the restarted group healed from a peer over the links and rejoined, and every rank ends with the same
+    parameters."""
     try:
         import torchft  # noqa: F401
     except ImportError:

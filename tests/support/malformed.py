@@ -114,6 +114,13 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
                                 "faults[0].rank", "a rank or a DC"),
     "kill_of_an_unknown_dc": (text("[torchft-ddp]", extra="faults: [{kind: kill, dc: wset, at: step 1}]\n"),
                               "faults[0].dc", "no DC named 'wset' (did you mean west?)"),
+    "torchft_fragments_that_do_not_divide_inner_steps": (
+        text("[{name: s, strategy: torchft-streaming-diloco, options: {inner_steps: 4, fragments: 3}}]",
+             workload="{steps: 8, warmup_steps: 1}"), "strategies[0].options.fragments", "must divide inner_steps (4)"),
+    "torchft_fragment_sync_delay_past_the_next_sync": (
+        text("[{name: s, strategy: torchft-streaming-diloco, options: {inner_steps: 4, fragments: 2, "
+             "fragment_sync_delay: 2}}]", workload="{steps: 8, warmup_steps: 1}"),
+        "strategies[0].options.fragment_sync_delay", "must be less than inner_steps / fragments (2)"),
     "restart_after_without_torchft": (
         text("[torchft-ddp, diloco]", extra="faults: [{kind: kill, dc: west, at: step 1, restart_after: 2s}]\n"),
         "faults[0].restart_after", "strategies[1] is diloco"),

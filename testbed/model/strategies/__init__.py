@@ -22,7 +22,7 @@ from testbed.model.strategies.diloco import async_diloco, diloco, streaming_dilo
 from testbed.model.strategies.dp import flat_dp, hier_dp, hier_dp_overlap
 from testbed.model.strategies.pipeline import pipeline
 from testbed.model.strategies.torch_native import ddp, fsdp, hsdp
-from testbed.model.strategies.torchft import torchft_ddp, torchft_diloco
+from testbed.model.strategies.torchft import torchft_ddp, torchft_diloco, torchft_streaming_diloco
 
 PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {
     "flat-dp": flat_dp,
@@ -37,6 +37,7 @@ PREDICTORS: dict[str, Callable[[CellModel], Prediction]] = {
     "hsdp": hsdp,
     "torchft-ddp": torchft_ddp,
     "torchft-diloco": torchft_diloco,
+    "torchft-streaming-diloco": torchft_streaming_diloco,
 }
 
 

@@ -12,11 +12,12 @@ def strategy_classes() -> dict[str, type[Strategy]]:
     from testbed.workload.strategies.dp import FlatDP, HierDP, HierDPOverlap
     from testbed.workload.strategies.pipeline import Pipeline
     from testbed.workload.strategies.torch_native import DDP, FSDP, HSDP
-    from testbed.workload.strategies.torchft import TorchftDDP, TorchftDiLoCo
+    from testbed.workload.strategies.torchft import TorchftDDP, TorchftDiLoCo, TorchftStreamingDiLoCo
 
     table = {"flat-dp": FlatDP, "hier-dp": HierDP, "hier-dp-overlap": HierDPOverlap, "pp": Pipeline,
              "diloco": DiLoCo, "streaming-diloco": StreamingDiLoCo, "async-diloco": AsyncDiLoCo, "ddp": DDP,
-             "fsdp": FSDP, "hsdp": HSDP, "torchft-ddp": TorchftDDP, "torchft-diloco": TorchftDiLoCo}
+             "fsdp": FSDP, "hsdp": HSDP, "torchft-ddp": TorchftDDP, "torchft-diloco": TorchftDiLoCo,
+             "torchft-streaming-diloco": TorchftStreamingDiLoCo}
     return table
 
 

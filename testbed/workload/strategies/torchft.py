@@ -2,9 +2,9 @@
 
 torchft-ddp: torchft.DistributedDataParallel (its comm hook all-reduces each bucket over the groups in the
 quorum through the Manager) and torchft.OptimizerWrapper (a step commits only where the quorum agreed).
-torchft-diloco: torchft.local_sgd.DiLoCo over the whole model (one fragment; `fragments()` is where streaming
-DiLoCo's slices would go). Inside a DC of several ranks the gradients are first averaged over the DC (the DC's own default
-process group); torchft's Manager then reduces across the groups, one rank index at a time.
+torchft-diloco: torchft.local_sgd.DiLoCo over the whole model (one fragment); torchft-streaming-diloco: the same
+class over runs of the model's tensors, synchronised in turn (its Streaming DiLoCo). Inside a DC of several ranks
+the gradients are first averaged over the DC (the DC's own default process group); torchft's Manager then reduces across the groups, one rank index at a time.
 
 A group that starts late or again (a fault restarted it) asks the lighthouse for a quorum and heals: torchft's
 Manager fetches the state of a healthy group (its HTTP checkpoint transport, over the emulated links) and loads
@@ -120,6 +120,11 @@ class ReplicaGroup(Strategy):
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
+    def shared_parameters(self) -> dict[str, torch.Tensor]:
+        """The parameters every group holds alike (torchft's promise, a heal included): the model itself, after
+        the step every group committed."""
+        return self.named_parameters()
+
     def sample_ranges(self) -> list[tuple[int, int]]:
         return self.sample_ranges_of(self.ctx.layout.rank)
 
@@ -213,3 +218,41 @@ class TorchftDiLoCo(ReplicaGroup):
         self.diloco.__exit__(None, None, None)
         super().shutdown()
 
+
+
+class TorchftStreamingDiLoCo(TorchftDiLoCo):
+    """torchft's DiLoCo over `fragments` runs of the model's tensors (as the built-in streaming-diloco cuts them),
+    one fragment synchronised every inner_steps / fragments steps, its all-reduce started fragment_sync_delay inner
+    steps before it is applied. The Manager counts a step per fragment's sync."""
+
+    name = "torchft-streaming-diloco"
+
+    def fragment_count(self) -> int:
+        return max(1, min(self.ctx.opts.fragments, len(list(self.model.parameters()))))
+
+    def fragments(self) -> list[torch.nn.Module]:
+        params = list(self.model.parameters())
+        count = self.fragment_count()
+        bounds = [round(i * len(params) / count) for i in range(count + 1)]
+        parts = []
+        for f in range(count):
+            part = torch.nn.Module()  # holds the model's own tensors (shared, not copied): torchft syncs a Module
+            for i, param in enumerate(params[bounds[f]:bounds[f + 1]]):
+                part.register_parameter(f"p{i}", param)
+            parts.append(part)
+        return parts
+
+    def sync_delay(self) -> int:
+        return self.ctx.opts.fragment_sync_delay
+
+    def sync_divisor(self) -> int:
+        return self.fragment_count()
+
+    def shared_parameters(self) -> dict[str, torch.Tensor]:
+        """Each fragment's global copy as of its last outer step (torchft keeps it to restore a failed commit and
+        sends it in a heal): the model itself carries each group's own inner steps since its fragments' syncs, so the
+        groups' models never agree between two syncs of every fragment. (torchft 0.2.0's fragments, pinned by the
+        extra: `DiLoCo._fragments`, each with `original_parameters`.)"""
+        return {f"{index}.{name}": tensor.detach().clone()
+                for index, fragment in enumerate(self.diloco._fragments)
+                for name, tensor in fragment.original_parameters.items()}
