@@ -26,7 +26,7 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
     write_text(directory / "probe.json", payload)
     frame = probe_frame(records)
     columns = ["src", "dst", "rtt_configured_ms", "rtt_applied_ms", "rtt_floor_ms", "rtt_floor_of", "rtt_dc_floor_ms",
-               "rtt_expected_ms", "rtt_p50_ms",
+               "rtt_expected_ms", "rtt_p10_ms", "rtt_p50_ms",
                "rtt_p99_ms", "rtt_p50_error_ms", "delay_line_residual_ms", "delay_line_note", "loss_configured",
                "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps", "goodput_error_pct",
                "flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s", "not_applied"]

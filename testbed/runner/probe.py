@@ -36,6 +36,7 @@ from testbed.runner.fidelity import (
     held_floor,
     pair_floor_ms,
     path_floor_measurable,
+    percentile,
     round_trip,
 )
 from testbed.spec.topology import Topology
@@ -73,6 +74,8 @@ class PairProbe:
     goodput_by_reads_mbps: float | None = None  # goodput counted by the sink's reads, as before 2026-11-28
     delay_line_residual_ms: float | None = None  # what the delay lines on the round trip still add (their p50s)
     delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
+    rtt_p10_ms: float | None = None  # the 10th percentile: the path's delay with little of the hosts' scheduling
+    # noise, which only ever adds (a stalled CPU holds some pings, never speeds one up)
 
 
 def path_ends(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkEnd]:
@@ -208,7 +211,8 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
     ping, flow = measured["rtt"], measured["flow"]
     dcs_floor = pair_floor_ms(floors[src], floors[dst])
     floor, floor_of = held_floor(floors.get(PATH), dcs_floor, applied_rtt * 1e3)
-    trip = round_trip(applied_rtt * 1e3, floor, [value * 1e3 for value in ping["rtts"]])
+    rtts_ms = [value * 1e3 for value in ping["rtts"]]
+    trip = round_trip(applied_rtt * 1e3, floor, rtts_ms)
     expected = rate * PAYLOAD_PER_FRAME if rate is not None and flow is not None else None
     goodput = flow["goodput_bps"] if flow is not None else None
     return PairProbe(
@@ -223,7 +227,7 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
         goodput_expected_mbps=expected / 1e6 if expected else None,
         goodput_mbps=goodput / 1e6 if goodput is not None else None,
         goodput_error=(goodput - expected) / expected if expected and goodput is not None else None,
-        not_applied=", ".join(missing),
+        not_applied=", ".join(missing), rtt_p10_ms=percentile(rtts_ms, 0.10) if rtts_ms else None,
         **_flow_counters(flow),
     )
 

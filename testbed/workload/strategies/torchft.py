@@ -4,7 +4,8 @@ torchft-ddp: torchft.DistributedDataParallel (its comm hook all-reduces each buc
 quorum through the Manager) and torchft.OptimizerWrapper (a step commits only where the quorum agreed).
 torchft-diloco: torchft.local_sgd.DiLoCo over the whole model (one fragment); torchft-streaming-diloco: the same
 class over runs of the model's tensors, synchronised in turn (its Streaming DiLoCo). Inside a DC of several ranks
-the gradients are first averaged over the DC (the DC's own default process group); torchft's Manager then reduces across the groups, one rank index at a time.
+the gradients are first averaged over the DC (the DC's own default process group); torchft's Manager then reduces
+across the groups, one rank index at a time.
 
 A group that starts late or again (a fault restarted it) asks the lighthouse for a quorum and heals: torchft's
 Manager fetches the state of a healthy group (its HTTP checkpoint transport, over the emulated links) and loads

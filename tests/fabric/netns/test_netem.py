@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from testbed.fabric.lifecycle import attach
+from testbed.runner.fidelity import percentile
 from testbed.runner.probe import _run_agent, _Server
 from tests.conftest import ROOT, jittered_uniformly, namespaces_with, run_cli
 from tests.support.topologies import pair_topology
@@ -57,6 +58,9 @@ links:                       # east <-> north has no link: routed over west
 """
 
 
+FLOW_SECONDS = 3  # each pair's goodput flow
+
+
 def rtt_bound_ms(configured_ms: float) -> float:
     """How far the probe's RTT p50 may be from the configured RTT inside UML: max(5 %, 1.5 ms)."""
     return max(0.05 * configured_ms, 1.5)
@@ -72,16 +76,17 @@ def uml_round_trip_ms(testbed) -> float:
 SHAPED_KEYS = ("east->west", "west->east", "west->north", "north->west")
 
 
-def route_round_trips_ms(prefix: str, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
-    """The probe's round trip (p50 of 100) between node 0 of each pair of DCs over its own route, with every netem
-    qdisc of the testbed held at 0 delay, no jitter, no loss (the same qdiscs, gateways and ptrace'd endpoints: what
-    UML adds on that route), then every link end put back as it was."""
+def route_round_trips_ms(prefix: str, pairs: list[tuple[str, str]],
+                         quantile: float = 0.5) -> dict[tuple[str, str], float]:
+    """The probe's round trip (its `quantile` of 100: the median unless told) between node 0 of each pair of DCs
+    over its own route, with every netem qdisc of the testbed held at 0 delay, no jitter, no loss (the same qdiscs,
+    gateways and ptrace'd endpoints: what UML adds on that route), then every link end put back as it was."""
     testbed = attach(prefix)
     saved = {key: testbed.plan.link_end(key).shaping.params for key in SHAPED_KEYS}
     try:
         for key in SHAPED_KEYS:
             testbed.change(key, latency=0.0, jitter=0.0, loss=0.0)
-        return {(src, dst): statistics.median(pings(attach(prefix), f"{src}-0", f"{dst}-0", 100, 0.01)["rtts"]) * 1e3
+        return {(src, dst): percentile(pings(attach(prefix), f"{src}-0", f"{dst}-0", 100, 0.01)["rtts"], quantile) * 1e3
                 for src, dst in pairs}
     finally:
         for key, params in saved.items():
@@ -175,19 +180,24 @@ def test_auto_picks_netem_and_status_names_it_on_every_inter_dc_end(three_dc):
 
 
 def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three_dc):
-    """Each pair's RTT p50 net of UML's own round trip on that route (1 netem hop each way east-west and
-    west-north, 2 east-north), measured in this boot: see the module's docstring. The round trips are measured with
+    """Each pair's RTT net of UML's own round trip on that route (1 netem hop each way east-west and west-north, 2
+    east-north), measured in this boot (see the module's docstring), at the 10th percentile of each: UML's stalls
+    only ever add to a round trip (p99s of 44-80 ms for 13-33 ms), and how many pings they catch changes within a
+    boot, so the median moved either way by more than the bound (CI, 2026-12-02: east->west's p50 2.50 ms under with
+    the own route's p50 at 4.13 ms; here the same day +2.67 ms over with 0.51 ms), the 10th percentile much less. A
+    netem that delays twice, or not at all, is 10-33 ms off at any percentile; no p50 may be under the configured
+    round trip (netem never releases early). The round trips are measured with
     the host running UML real-time, the flows without: SCHED_RR shares a CPU among UML's processes in 100 ms
     quanta, which stalls a TCP flow (east->north's goodput read 18 % under its rate on a quiet host, load 1.1); the
     flows with the largest CPU share instead (harness.host_share)."""
     prefix = three_dc.prefix
     expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
     with host_realtime() as realtime:
-        own = route_round_trips_ms(prefix, list(expected_rtt))
+        own = route_round_trips_ms(prefix, list(expected_rtt), quantile=0.10)
         proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "0", timeout=600)
     assert proc.returncode == 0, proc.stderr
     with host_share() as shared:
-        flows = run_cli("probe", "--json", "--pings", "5", "--seconds", "3s", timeout=600)
+        flows = run_cli("probe", "--json", "--pings", "5", "--seconds", f"{FLOW_SECONDS}s", timeout=600)
     assert flows.returncode == 0, flows.stderr
     flow_keys = ("goodput_mbps", "goodput_error", "flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s",
                  "goodput_by_reads_mbps")
@@ -203,10 +213,15 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
         assert pair["rtt_configured_ms"] == pytest.approx(rtt)
         # its floor: the same route, pings marked to take the class beside netem's on every link end, both ways
         assert pair["rtt_floor_of"] == "path" and pair["rtt_floor_ms"] < rtt / 2, pair
-        assert abs(pair["rtt_p50_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, realtime, pair)
+        assert abs(pair["rtt_p10_ms"] - overhead - rtt) <= rtt_bound_ms(rtt), (overhead, realtime, pair)
+        assert pair["rtt_p50_ms"] >= rtt, pair
         assert pair["rate_configured_mbps"] == pytest.approx(expected_rate[(src, dst)])
-        assert abs(pair["goodput_error"]) <= 0.10, json.dumps({"src": src, "dst": dst, "host_share": shared,
-                                                               **{key: pair[key] for key in flow_keys}})
+        # a stall of UML's one CPU that holds the sink's reads is UML's, not the shaper's: the share of the flow's
+        # 3 s its longest measured gap between two reads took may come off the goodput, never add to it (2026-12-02:
+        # east->north 13.3 % under with a 0.165 s gap, no retransmission, receiver-limited 0.6 % of the time)
+        stalled = (pair["flow_reader_gap_s"] or 0.0) / FLOW_SECONDS
+        assert -0.10 - stalled <= pair["goodput_error"] <= 0.10, json.dumps(
+            {"src": src, "dst": dst, "host_share": shared, **{key: pair[key] for key in flow_keys}})
     print(f"host real-time {realtime}, share {shared}; UML's own round trips, ms: {own};",  # for the record
           json.dumps(list(pairs.values()), indent=1))
 
