@@ -45,6 +45,8 @@ class Direction:
         self.late: dict[int, int] = {}  # residual bucket -> packets that went on their way that late
         self.released = 0
         self.warmed = 0  # warm-ups before a release: verdicts that accepted nothing (the worker's, after a sleep)
+        self.woke_late = 0  # releases after a sleep that ended past their aim: no time to warm (the host's timers)
+        self.cold = 0  # releases after a sleep that ended in time, not warmed (with warm-ups on: a miss)
         self.compensate = True  # False: aim at the due time itself (what the delay line did before)
         self.compensation = compensation  # seconds before its due time a packet is aimed at
         self.path: deque[float] = deque(maxlen=SAMPLES)  # on its way - aim, for packets it waited for

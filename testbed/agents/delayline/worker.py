@@ -86,7 +86,8 @@ def _stats_text(by_key: dict[str, Direction], sched: str, margin: WakeMargin) ->
     cpu = time.process_time()  # the worker's CPU seconds so far, user and system (the kernel carrying units on)
     return json.dumps({"worker": os.getpid(), "written": time.time(), "directions": {
         key: {"worker": os.getpid(), "scheduling": sched, "released": line.released, "warmed": line.warmed,
-              "late": line.late, "worker_cpu_s": cpu, "wake_margin_ms": margin.seconds * 1e3, **line.figures()}
+              "woke_late": line.woke_late, "cold": line.cold, "late": line.late, "worker_cpu_s": cpu,
+              "wake_margin_ms": margin.seconds * 1e3, **line.figures()}
         for key, line in by_key.items()}})
 
 
@@ -190,6 +191,7 @@ def worker(config_path: str) -> int:
     watched = True  # whether the last sleep watched the queue (so a read's first packet samples the reaction)
     read_after = read_by = 0.0  # when the next read may come with a release's wake-up, and when it must come
     slept, warmed_for = False, 0.0  # whether the loop slept since its last release; the head's due time it warmed for
+    woke_at = 0.0  # when the last sleep ended
     while True:
         now = time.time()
         if asked or now > next_stats:  # one test a wake-up while nothing is asked and no figures are due
@@ -210,11 +212,23 @@ def worker(config_path: str) -> int:
             read_after, read_by = read_times(now, soonest(directions) if batch else 0.0)
             now = time.time()
         for line in lines:
+            aim = line.next_due()
+            if (warm and slept and aim is not None and aim <= now + RELEASE_SLACK and warmed_for != aim
+                    and woke_at < aim - RELEASE_SLACK):  # the sleep ended in time but the loop, spinning, went
+                # past the warm-up's window (an iteration longer than it: a read, a preemption): warm it now
+                sock.accept_up_to(line.queue, line.before_head())
+                line.warmed += 1
+                warmed_for = aim
             last = line.release(now, RELEASE_SLACK)
             if last is not None:
                 sent = time.time()
                 sock.accept_up_to(line.queue, last)
                 line.settle(sent, time.time())
+                if slept and warmed_for != aim:  # a release after a sleep that no warm-up preceded: the sleep
+                    if woke_at >= aim - RELEASE_SLACK:  # ended past the head's aim (the host's timer), or
+                        line.woke_late += 1
+                    else:  # had time to warm it and did not (the worker's own miss)
+                        line.cold += 1
                 slept = False
         if not first and now >= read_after:  # a read that can wait comes after the verdicts, off their packets' way,
             # and in CHUNK-sized bites, a release between two (a burst read at once held the loop for up to 1.5 ms);
@@ -233,6 +247,7 @@ def worker(config_path: str) -> int:
         if wake is None:
             watched = slept = True
             select.select([sock], [], [], 0.2)
+            woke_at = time.time()
             continue
         if warm and slept and warmed_for != wake and wake - EARLY_WAKE <= now < wake:
             # a sleep (whichever deadline ended it: the head's wake-up, or a read's that fell inside the head's
@@ -251,8 +266,11 @@ def worker(config_path: str) -> int:
             continue
         slept = True
         if watched:
-            if not select.select([sock], [], [], end - now)[0]:  # ran to its end (not ended by an arrival)
-                margin.record(time.time() - end)
+            ready = select.select([sock], [], [], end - now)[0]
+            woke_at = time.time()
+            if not ready:  # ran to its end (not ended by an arrival)
+                margin.record(woke_at - end)
         else:
             time.sleep(end - now)  # cheaper than an empty select(), as precise (timer slack 1 ns)
-            margin.record(time.time() - end)
+            woke_at = time.time()
+            margin.record(woke_at - end)

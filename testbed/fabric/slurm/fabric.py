@@ -142,7 +142,7 @@ def merge_figures(a: dict, b: dict) -> dict:
     for bucket, count in second.get("late", {}).items():
         late[bucket] = late.get(bucket, 0) + count
     return {**first, "released": first.get("released", 0) + second.get("released", 0),
-            "warmed": first.get("warmed", 0) + second.get("warmed", 0), "late": late}
+            **{key: first.get(key, 0) + second.get(key, 0) for key in ("warmed", "woke_late", "cold")}, "late": late}
 
 
 class NodeShell:

@@ -114,8 +114,8 @@ def test_pings_marked_unshaped_skip_the_delay_line_both_ways(prefix):
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_a_release_after_a_sleep_warms_the_verdicts_path_first_unless_switched_off(prefix, monkeypatch, switch):
     """Idle pings 2 ms one way: the worker sleeps before each release, so each one is preceded by a verdict that
-    accepts nothing (the delay line's `warmed` count), none with TESTBED_DELAY_LINE_WARM=0; every ping comes back
-    either way. (What it buys is measured by bench/delay_line_path.py.)"""
+    accepts nothing (the delay line's `warmed` count) unless its sleep ended past the packet's aim (`woke_late`), none
+    with TESTBED_DELAY_LINE_WARM=0 (`cold`); every ping comes back either way. (What it buys is measured by bench/delay_line_path.py.)"""
     monkeypatch.setenv(settings.DELAY_LINE_WARM, switch)
     testbed = bring_up(pair_topology(latency="2ms", bandwidth="1gbit"), prefix=prefix, shaper="userspace-delay")
     pings = 20
@@ -126,7 +126,10 @@ def test_a_release_after_a_sleep_warms_the_verdicts_path_first_unless_switched_o
     assert proc.returncode == 0 and f"{pings} received" in out, out
     stats = testbed.fabric.delay_line_stats()["east->west"]
     assert stats["released"] >= pings, stats
+    # every release after a sleep was warmed first, unless the sleep ended past its aim (a VM's late timers: CI
+    # warmed 3, then 9 of 20 with a 2 ms hold, 2026-12-02) or warm-ups are off
     if switch == "1":
-        assert stats["warmed"] >= pings // 2, stats
+        assert stats["warmed"] > 0 and stats["cold"] == 0, stats
+        assert stats["warmed"] + stats["woke_late"] >= pings, stats
     else:
-        assert stats["warmed"] == 0, stats
+        assert stats["warmed"] == 0 and stats["cold"] + stats["woke_late"] >= pings, stats

@@ -74,20 +74,24 @@ def uml_round_trip_ms(testbed) -> float:
 
 
 SHAPED_KEYS = ("east->west", "west->east", "west->north", "north->west")
+HELD_MS = 1.0  # what each netem qdisc holds while UML's own round trip with its timers is measured
 
 
-def route_round_trips_ms(prefix: str, pairs: list[tuple[str, str]],
-                         quantile: float = 0.5) -> dict[tuple[str, str], float]:
+def route_round_trips_ms(prefix: str, pairs: list[tuple[str, str]], quantile: float = 0.5,
+                         ends: dict[tuple[str, str], int] | None = None) -> dict[tuple[str, str], float]:
     """The probe's round trip (its `quantile` of 100: the median unless told) between node 0 of each pair of DCs
     over its own route, with every netem qdisc of the testbed held at 0 delay, no jitter, no loss (the same qdiscs,
-    gateways and ptrace'd endpoints: what UML adds on that route), then every link end put back as it was."""
+    gateways and ptrace'd endpoints: what UML adds on that route), then every link end put back as it was. With
+    `ends` (the netem link ends each pair's round trip crosses) every qdisc holds HELD_MS instead, taken off again:
+    what UML adds then includes how late its timers release what netem holds, which a 0 delay never waits for."""
     testbed = attach(prefix)
     saved = {key: testbed.plan.link_end(key).shaping.params for key in SHAPED_KEYS}
+    held = HELD_MS if ends else 0.0
     try:
         for key in SHAPED_KEYS:
-            testbed.change(key, latency=0.0, jitter=0.0, loss=0.0)
+            testbed.change(key, latency=held / 1e3, jitter=0.0, loss=0.0)
         return {(src, dst): percentile(pings(attach(prefix), f"{src}-0", f"{dst}-0", 100, 0.01)["rtts"], quantile) * 1e3
-                for src, dst in pairs}
+                - held * (ends or {}).get((src, dst), 0) for src, dst in pairs}
     finally:
         for key, params in saved.items():
             testbed.shape(key, params)
@@ -184,7 +188,10 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
     east-north), measured in this boot (see the module's docstring), at the 10th percentile of each: UML's stalls
     only ever add to a round trip (p99s of 44-80 ms for 13-33 ms), and how many pings they catch changes within a
     boot, so the median moved either way by more than the bound (CI, 2026-12-02: east->west's p50 2.50 ms under with
-    the own route's p50 at 4.13 ms; here the same day +2.67 ms over with 0.51 ms), the 10th percentile much less. A
+    the own route's p50 at 4.13 ms; here the same day +2.67 ms over with 0.51 ms), the 10th percentile much less.
+    And UML's timers release what netem holds late by an amount that changes from boot to boot (CI, 2026-12-02:
+    north->east's p10 3.46 ms over 33 ms, 4 netem ends, with the own route at 0 delay 0.49 ms), which a route held
+    at 0 delay never waits for: the own route is measured with every qdisc holding HELD_MS, taken off again. A
     netem that delays twice, or not at all, is 10-33 ms off at any percentile; no p50 may be under the configured
     round trip (netem never releases early). The round trips are measured with
     the host running UML real-time, the flows without: SCHED_RR shares a CPU among UML's processes in 100 ms
@@ -192,8 +199,9 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
     flows with the largest CPU share instead (harness.host_share)."""
     prefix = three_dc.prefix
     expected_rtt = {("east", "west"): 20, ("west", "north"): 13, ("east", "north"): 33}
+    ends = {("east", "west"): 2, ("west", "north"): 2, ("east", "north"): 4}  # netem ends crossed, both ways
     with host_realtime() as realtime:
-        own = route_round_trips_ms(prefix, list(expected_rtt), quantile=0.10)
+        own = route_round_trips_ms(prefix, list(expected_rtt), quantile=0.10, ends=ends)
         proc = run_cli("probe", "--json", "--pings", "100", "--seconds", "0", timeout=600)
     assert proc.returncode == 0, proc.stderr
     with host_share() as shared:
@@ -203,7 +211,7 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
                  "goodput_by_reads_mbps")
     goodput = {(p["src"], p["dst"]): {key: p[key] for key in flow_keys} for p in json.loads(flows.stdout)["pairs"]}
     pairs = {(p["src"], p["dst"]): {**p, **goodput[(p["src"], p["dst"])]} for p in json.loads(proc.stdout)["pairs"]}
-    assert len(pairs) == 6 and all(0 <= ms < 5 for ms in own.values()), own
+    assert len(pairs) == 6 and all(0 <= ms < 10 for ms in own.values()), own
     expected_rate = {("east", "west"): 200, ("west", "east"): 200, ("west", "north"): 100,
                      ("north", "west"): 50, ("east", "north"): 100, ("north", "east"): 50}
     for (src, dst), pair in pairs.items():

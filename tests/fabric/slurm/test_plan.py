@@ -219,11 +219,12 @@ def test_an_inventory_file_gives_the_mapping_and_the_site_settings(tmp_path):
 def test_a_direction_served_by_every_node_of_its_dc_adds_up_their_figures():
     from testbed.fabric.slurm.fabric import merge_figures
 
-    busy = {"worker": 7, "released": 40, "warmed": 30, "late": {"0": 30, "5": 10}, "path_ms": 0.01}
-    idle = {"worker": 9, "released": 2, "warmed": 2, "late": {"0": 1, "9": 1}, "path_ms": None}
+    busy = {"worker": 7, "released": 40, "warmed": 30, "woke_late": 9, "cold": 1, "late": {"0": 30, "5": 10},
+            "path_ms": 0.01}
+    idle = {"worker": 9, "released": 2, "warmed": 2, "woke_late": 0, "late": {"0": 1, "9": 1}, "path_ms": None}
     for merged in (merge_figures(busy, idle), merge_figures(idle, busy)):
-        assert merged == {"worker": 7, "released": 42, "warmed": 32, "late": {"0": 31, "5": 10, "9": 1},
-                          "path_ms": 0.01}
+        assert merged == {"worker": 7, "released": 42, "warmed": 32, "woke_late": 9, "cold": 1,
+                          "late": {"0": 31, "5": 10, "9": 1}, "path_ms": 0.01}
 
 
 def test_clean_without_state_or_job_plan_runs_no_slurm_command(monkeypatch, tmp_path):
