@@ -66,13 +66,15 @@ def fault_lines(results: list[dict], summary: pd.DataFrame) -> list[str]:
 
 
 def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: Any) -> list[tuple[str, str]]:
-    """tokens/s of every step of each cell that had faults, against the cell's clock, fault windows shaded."""
+    """tokens/s of every step of each cell that had faults, against the cell's clock, fault windows shaded; under
+    torchft also the groups in each step's quorum."""
     faulted = [r for r in results if (r.get("faults") or {}).get("clock_zero") and (r["faults"].get("faults"))]
     if not faulted or steps.empty or "time" not in steps:
         return []
     fig, axes = plt.subplots(len(faulted), 1, figsize=(8, 2.6 * len(faulted)), squeeze=False)
     colours = {"partition": "red", "flap": "orange", "loss-burst": "purple", "latency": "blue",
                "bandwidth": "green", "straggler": "brown", "kill": "black"}
+    quorums = 0
     for ax, result in zip(axes[:, 0], faulted):
         cell = result["cell"]["id"]
         zero = result["faults"]["clock_zero"]
@@ -89,6 +91,17 @@ def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: 
             else:
                 ax.axvline(entry["applied_at"], color=colour, label=entry["kind"])
         handles, labels = ax.get_legend_handles_labels()
+        groups = mine[mine["participants"] > 0] if "participants" in mine else mine.iloc[0:0]  # 0 (or none): no
+        # quorum yet (a DiLoCo's inner steps before its first)
+        if not groups.empty:  # torchft: the groups in each step's quorum, as the rank with most steps saw them
+            quorums += 1
+            seen = groups[groups["rank"] == groups["rank"].value_counts().idxmax()].sort_values("time")
+            twin = ax.twinx()
+            twin.step(seen["time"] - zero, seen["participants"], where="post", color="tab:blue", lw=1,
+                      label="groups in the quorum")
+            twin.set(ylabel="groups in the quorum", ylim=(0, seen["participants"].max() + 0.5))
+            more_handles, more_labels = twin.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
         unique = dict(zip(labels, handles))
         ax.legend(unique.values(), unique.keys(), fontsize=7)
         ax.set(title=cell.replace("__r0", ""), xlabel="seconds on the cell's clock (rank 0's step 0 = 0)",
@@ -99,4 +112,5 @@ def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: 
     out = run_dir / "plots" / "faults.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
-    return [("plots/faults.png", "throughput of each step with the fault windows shaded")]
+    caption = "throughput of each step with the fault windows shaded"
+    return [("plots/faults.png", caption + (" and the groups in each step's quorum" if quorums else ""))]

@@ -16,6 +16,8 @@ from testbed.atomic import write_text as atomic_write
 from testbed.fabric import cancel, registry
 from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed
+from testbed.model.predict import run_calibration
+from testbed.model.transport import Transport
 from testbed.plan.faults import longest_partition
 from testbed.rankenv import RankEnv
 from testbed.runner.cells import Cell
@@ -26,7 +28,7 @@ from testbed.runner.hostcpu import StealSampler
 from testbed.runner.lighthouse import replica_groups
 from testbed.runner.links import calibrate, counter_delta, inter_dc_counters
 from testbed.runner.ranks import RankGroup, missing_torch, rank_layout
-from testbed.runner.replicas import replica_figures
+from testbed.runner.replicas import predict_heals, replica_figures
 from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.runner.sdc import sdc_env, sdc_record
 from testbed.spec.faults import Fault
@@ -165,6 +167,10 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
                  for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None
                  and zero is not None]
         result["replica_groups"] = replica_figures(metrics_dir, len(specs), kills)
+        fitted = run_calibration(cell_dir.parent.parent)  # the run's own calibration, where it has one
+        predict_heals(result["replica_groups"], testbed.topology, cell.link_params(),
+                      {node.address: node.dc for node in testbed.plan.nodes}, [spec.node.dc for spec in specs],
+                      fitted.transport if fitted else Transport(), calibrated=fitted is not None)
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
     return result
 

@@ -1,7 +1,7 @@
 """What torchft's replica groups did in a cell (every DC one group: testbed.workload.replica), from the ranks'
 metrics: how many groups, the fewest in a step's quorum, the steps the others took without a group, each restarted
-group's heal (from its start again to its first step, the heal inside it, and the state that crossed the links for
-it) and the survivors' pace before, while and after a group was down."""
+group's heal (from its start again to the end of the step the heal ended in, and the state that crossed the links
+for it) and the survivors' pace before, while and after a group was down."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from testbed.model.heal import predict_fetch
+from testbed.model.network import build_network
+from testbed.model.transport import Transport
+from testbed.spec.link import LinkParams
+from testbed.spec.topology import Topology
 from testbed.steplog import read_records
 
 
@@ -22,10 +27,10 @@ def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, floa
     """`kills`: (killed at, restarted at or None) of each DC's kill applied, epoch seconds. Figures of the ranks
     whose files are in `metrics_dir`: replica_groups, participants_min and degraded_steps (steps with fewer groups
     in the quorum than there are groups) from each rank's first quorum of all groups on, startup_steps (a
-    survivor's steps before it), heals (per restarted rank: heal_s from its start again to its first
-    step, healed_bytes) and steps_per_s before the first kill, while a group was down and after the last rejoin,
-    longest_gap_s (between two step ends after the kill), slowest_step_before_s and median_step_s, on the first
-    rank never killed."""
+    survivor's steps before it), heals (per restarted rank: heal_s from its start again to the end of the
+    step its heal ended in, first_step_s, its setup_s, the state's fetch_s and where from, healed_bytes) and
+    steps_per_s before the first kill, while a group was down and after the last rejoin, longest_gap_s (between
+    two step ends after the kill), slowest_step_before_s and median_step_s, on the first rank never killed."""
     files = {rank: read_records(metrics_dir / f"rank{rank}.jsonl") for rank in range(world)
              if (metrics_dir / f"rank{rank}.jsonl").exists()}
     groups = {r["replica_group"] for records in files.values() for r in records
@@ -43,9 +48,16 @@ def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, floa
         for begin in starts[1:]:
             started = records[begin]["time"]
             after = [r for r in records[begin:] if r.get("event") == "step"]
+            # each step says what its process has healed so far: the heal ended inside the first step that says
+            # some (torchft-ddp: the first step; DiLoCo: the step whose outer sync took the group's first quorum)
+            healed = next((r for r in after if r.get("healed_bytes", 0) > 0), None)
             heals.append({"rank": rank, "restarted_at": started,
-                          "heal_s": after[0]["time"] - started if after else None,
-                          # each step says what its process has healed so far
+                          "heal_s": healed["time"] - started if healed else None,
+                          "first_step_s": after[0]["time"] - started if after else None,
+                          "setup_s": records[begin].get("setup_s"),
+                          "healed_at_step": healed["step"] if healed else None,
+                          "fetch_s": healed.get("heal_fetch_s") if healed else None,  # the state's GET alone
+                          "healed_from": healed.get("healed_from") if healed else None,  # the healthy group's node
                           "healed_bytes": max((r.get("healed_bytes", 0) for r in after), default=0)})
     restarted = {heal["rank"] for heal in heals}
     survivor = next((rank for rank in sorted(steps) if rank not in restarted and steps[rank]), None)
@@ -74,3 +86,27 @@ def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, floa
             out["longest_gap_s"] = max(gaps, default=None)
             out["median_step_s"] = statistics.median(r["wall_s"] for r in own) if own else None
     return out
+
+
+def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, LinkParams],
+                  dc_of_address: dict[str, str], dc_of_rank: list[str], transport: Transport,
+                  calibrated: bool) -> None:
+    """Beside each heal that fetched a state, testbed.model.heal's prediction of that fetch (`fetch_predicted_s`,
+    and its parts) from the state's size and the path from the healthy group's DC to the healed one's, with the
+    cell's links; `fetch_transport` says whether the transport's fitted constants or its first guesses were used."""
+    network = build_network(topology, links)
+    names = [dc.name for dc in topology.dcs]
+    for heal in figures.get("heals", []):
+        source = dc_of_address.get(heal.get("healed_from") or "")
+        if source is None or not heal.get("healed_bytes") or heal["rank"] >= len(dc_of_rank):
+            continue
+        src, dst = names.index(source), names.index(dc_of_rank[heal["rank"]])
+        if src == dst:
+            continue
+        there, back = network.path(src, dst), network.path(dst, src)
+        assert there is not None and back is not None
+        fetch = predict_fetch(heal["healed_bytes"], there.latency, back.latency, there.bandwidth, transport)
+        heal.update({"healed_from_dc": source, "fetch_predicted_s": fetch.total_s,
+                     "fetch_predicted": {"handshake_s": fetch.handshake_s, "transfer_s": fetch.transfer_s,
+                                         "copies_s": fetch.copies_s},
+                     "fetch_transport": "calibrated" if calibrated else "first guesses"})

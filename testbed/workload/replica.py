@@ -69,13 +69,14 @@ def train_replica_group(opts: Options) -> list[dict]:
     begun = time.time()
     strategy = make_strategy(opts.strategy)
     strategy.setup(Context(layout, None, meter, None, cfg, opts, None))  # type: ignore[arg-type]
+    setup_s = time.time() - begun  # the model, the optimizer and torchft's Manager, its servers and clients
     wait_for_every_group(layout, store, timeout)
     writer.write({"event": "start", "rank": layout.rank, "resumed_after_step": None, "dc": layout.dc,
                   "num_dcs": layout.num_dcs, "nodes_per_dc": layout.nodes_per_dc, "dc_sizes": list(layout.dc_sizes),
                   "world": layout.world, "strategy": opts.strategy, "options": dataclasses.asdict(opts),
                   "model": dataclasses.asdict(cfg), "parameters": parameter_count(cfg),
                   "corpus_sha256": data.corpus_hash(), "backend": "gloo", "synthetic_s": None, "groups_s": 0.0,
-                  "time": begun, "replica_group": layout.dc})
+                  "time": begun, "setup_s": setup_s, "replica_group": layout.dc})
     ranges = strategy.sample_ranges()
     count = sum(n for _, n in ranges)
     records, local = [], 0

@@ -109,8 +109,11 @@ def test_a_killed_dc_restarts_heals_from_a_peer_and_the_others_never_stop_longer
                           if line.strip()] for rank in range(3)}
         (heal,) = figures["heals"]
         parameters = next(r["parameters"] for r in records[2] if r["event"] == "start")
-        # the model's state came from a peer (float32), and the heal is inside its first step
-        assert heal["rank"] == 2 and heal["healed_bytes"] == 4 * parameters and heal["heal_s"] > 0, figures
+        # the state came from a peer, float32: the model and AdamW's two moments (a scalar step per tensor
+        # beside), under DiLoCo also each fragment's global copy and outer momentum; the heal is inside its first step
+        copies = 3 if result["cell"]["options"]["strategy"] == "torchft-ddp" else 5
+        assert heal["rank"] == 2 and heal["heal_s"] > 0, figures
+        assert copies * 4 * parameters <= heal["healed_bytes"] < copies * 4 * parameters + 4096, (copies, figures)
         assert all(r[-1]["event"] == "end" for r in records.values())
         steps = [r for r in records[0] if r["event"] == "step"]
         assert steps[-1]["participants"] == 3, steps[-1]  # north rejoined

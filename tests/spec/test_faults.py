@@ -181,6 +181,11 @@ def test_the_report_lists_fault_windows_and_sdc_and_shades_the_windows(tmp_path)
     assert made == [("plots/faults.png", "throughput of each step with the fault windows shaded")]
     assert (tmp_path / "plots" / "faults.png").stat().st_size > 1000
     assert timeline_plot(tmp_path, [{"cell": {"id": "calm"}}], steps, _plt()) == []
+    # torchft's cells: the groups in each step's quorum beside (2 of 3 while one DC was down; 0: no quorum yet)
+    steps["participants"] = [0, 3, 3, 2, 2, 3, 3, 3]
+    made = timeline_plot(tmp_path, [result], steps, _plt())
+    assert made == [("plots/faults.png", "throughput of each step with the fault windows shaded and the groups in "
+                                         "each step's quorum")]
 
 
 def test_result_sdc_joins_injections_with_their_detections_and_keeps_false_alarms(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from datetime import timedelta
 
 import torch
@@ -24,6 +25,17 @@ import torch.distributed as dist
 from testbed import rankenv
 from testbed.workload.model import loss_fn
 from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+
+
+def tensor_bytes(state: object) -> int:
+    """Bytes of every tensor in a (nested) state dict: what a heal moved of it."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
 
 
 def _average_in_dc(params: list[torch.nn.Parameter]) -> None:
@@ -43,12 +55,22 @@ def node_transport(address: str, timeout: timedelta):  # -> torchft's HTTPTransp
     from torchft.checkpointing.http_transport import HTTPTransport
 
     class NodeHTTPTransport(HTTPTransport):
+        fetches: list[dict]  # each heal's fetch of a healthy group's state: seconds, and from which address
+
         def address(self) -> str:
             port = self._server.socket.getsockname()[1]
             host = f"[{address}]" if ":" in address else address
             return f"http://{host}:{port}/checkpoint/"
 
-    return NodeHTTPTransport(timeout=timeout, num_chunks=0)
+        def recv_checkpoint(self, src_rank, metadata, step, timeout):  # timed: what testbed.model.heal predicts
+            begun = time.perf_counter()
+            state = super().recv_checkpoint(src_rank, metadata, step, timeout)
+            self.fetches.append({"s": time.perf_counter() - begun, "from": urllib.parse.urlsplit(metadata).hostname})
+            return state
+
+    transport = NodeHTTPTransport(timeout=timeout, num_chunks=0)
+    transport.fetches = []
+    return transport
 
 
 class ReplicaGroup(Strategy):
@@ -70,14 +92,29 @@ class ReplicaGroup(Strategy):
         timeout = timedelta(seconds=ctx.opts.quorum_timeout_s)
         self.healed_bytes = 0
         node = os.environ.get(rankenv.NODE_ADDRESS, host)  # where its servers are reached: its node's address
+        self.transport = node_transport(node, timeout)
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=self.use_async_quorum,
             load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
-            hostname=node, checkpoint_transport=node_transport(node, timeout),
+            hostname=node, checkpoint_transport=self.transport,
             store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
             lighthouse_addr=os.environ[rankenv.TORCHFT_LIGHTHOUSE], timeout=timeout, quorum_timeout=timeout,
             connect_timeout=timeout)
+        self._count_heals()
         self.after_manager()
+
+    def _count_heals(self) -> None:
+        """State torchft's classes register with the Manager (DiLoCo: each fragment's global copy and outer
+        optimizer) is healed beside this strategy's own: its loads are counted in healed_bytes too."""
+        register = self.manager.register_state_dict_fn
+
+        def counted(key, load_fn, save_fn) -> None:
+            def load(state) -> None:
+                self.healed_bytes += tensor_bytes(state)
+                load_fn(state)
+            register(key, load, save_fn)
+
+        self.manager.register_state_dict_fn = counted  # type: ignore[method-assign]
 
     def wrap(self) -> None:
         """Before the Manager exists: nothing by default."""
@@ -89,8 +126,9 @@ class ReplicaGroup(Strategy):
         return {"model": self.model.state_dict(), "inner": self.inner.state_dict()}
 
     def load_state(self, state: dict) -> None:
-        """torchft's heal: a healthy group's state arrived (counted: what crossed the link for it)."""
-        self.healed_bytes += sum(t.numel() * t.element_size() for t in state["model"].values())
+        """torchft's heal: a healthy group's state arrived, the model and the inner optimizer's (counted: what
+        crossed the link for it)."""
+        self.healed_bytes += tensor_bytes(state)
         self.model.load_state_dict(state["model"])
         self.inner.load_state_dict(state["inner"])
 
@@ -116,7 +154,9 @@ class ReplicaGroup(Strategy):
     def quorum(self) -> dict:
         m = self.manager
         return {"participants": m.num_participants(), "manager_step": m.current_step(),
-                "replica_groups": self.ctx.layout.num_dcs, "healed_bytes": self.healed_bytes}
+                "replica_groups": self.ctx.layout.num_dcs, "healed_bytes": self.healed_bytes,
+                "heal_fetch_s": sum(f["s"] for f in self.transport.fetches),
+                "healed_from": self.transport.fetches[-1]["from"] if self.transport.fetches else None}
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
