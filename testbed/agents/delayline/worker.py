@@ -125,6 +125,16 @@ def take(sock: QueueSocket, directions: dict[int, Direction], now: float, watche
     return sock.more
 
 
+def warm_up(sock: QueueSocket, line: Direction) -> float:
+    """A verdict that accepts nothing on `line`'s queue (the kernel's answer is read and skipped), so that the
+    release after a sleep finds its path warm; counted; returns the head's aim it was for."""
+    sock.accept_up_to(line.queue, line.before_head())
+    line.warmed += 1
+    aim = line.next_due()
+    assert aim is not None
+    return aim
+
+
 def wait_until(aim: float, margin: WakeMargin) -> float:
     """Sleep, then spin, until `aim` is within RELEASE_SLACK (as the release loop waits; each sleep's lateness
     goes to `margin`); returns the time."""
@@ -216,9 +226,7 @@ def worker(config_path: str) -> int:
             if (warm and slept and aim is not None and aim <= now + RELEASE_SLACK and warmed_for != aim
                     and woke_at < aim - RELEASE_SLACK):  # the sleep ended in time but the loop, spinning, went
                 # past the warm-up's window (an iteration longer than it: a read, a preemption): warm it now
-                sock.accept_up_to(line.queue, line.before_head())
-                line.warmed += 1
-                warmed_for = aim
+                warmed_for = warm_up(sock, line)
             last = line.release(now, RELEASE_SLACK)
             if last is not None:
                 sent = time.time()
@@ -253,10 +261,7 @@ def worker(config_path: str) -> int:
             # a sleep (whichever deadline ended it: the head's wake-up, or a read's that fell inside the head's
             # window) brought the loop to a release: the verdict's path, cold after it, is warmed once for that head
             # (not at every arrival a watched sleep ends on, nor while packets flow without a sleep)
-            held = directions[head]
-            sock.accept_up_to(head, held.before_head())  # accepts nothing; the kernel's answer is read and skipped
-            held.warmed += 1
-            warmed_for = wake
+            warmed_for = warm_up(sock, directions[head])
             continue
         end = min(wake - EARLY_WAKE - margin.seconds, now + MAX_SLEEP)
         watched = read_by <= now

@@ -128,6 +128,14 @@ def average_in_dc(ctx: Context, params: list[torch.nn.Parameter]) -> None:
         offset += param.numel()
 
 
+def fragment_runs(tensors: int, fragments: int) -> list[range]:
+    """Streaming DiLoCo's fragments: `tensors` parameter tensors cut into `fragments` runs of about equal count (no
+    more runs than tensors)."""
+    count = max(1, min(fragments, tensors))
+    bounds = torch.linspace(0, tensors, count + 1).round().long().tolist()
+    return [range(bounds[f], bounds[f + 1]) for f in range(count)]
+
+
 def make_optimizer(params, opts: Options) -> torch.optim.Optimizer:
     if opts.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=opts.lr, weight_decay=0.0)

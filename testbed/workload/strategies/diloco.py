@@ -42,6 +42,7 @@ from testbed.workload.strategies.base import (
     Context,
     MicroBatch,
     average_in_dc,
+    fragment_runs,
     restore_weights_and_optimizer,
     weights_and_optimizer,
 )
@@ -151,9 +152,7 @@ class StreamingDiLoCo(DiLoCo):
     def setup(self, ctx: Context) -> None:
         DataParallel.setup(self, ctx)
         self.global_params = [p.detach().clone() for p in self.params]
-        count = max(1, min(ctx.opts.fragments, len(self.params)))
-        bounds = torch.linspace(0, len(self.params), count + 1).round().long().tolist()
-        self.fragments = [list(range(bounds[f], bounds[f + 1])) for f in range(count)]
+        self.fragments = [list(run) for run in fragment_runs(len(self.params), ctx.opts.fragments)]
         self.outers = [_outer_optimizer([self.global_params[i] for i in frag], ctx.opts.outer_lr,
                                         ctx.opts.outer_momentum) for frag in self.fragments]
         self.in_flight: list[tuple[int, int, object, torch.Tensor, list[torch.Tensor]]] = []

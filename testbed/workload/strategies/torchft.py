@@ -24,7 +24,14 @@ import torch.distributed as dist
 
 from testbed import rankenv
 from testbed.workload.model import loss_fn
-from testbed.workload.strategies.base import Context, MicroBatch, Strategy, build_model, make_optimizer
+from testbed.workload.strategies.base import (
+    Context,
+    MicroBatch,
+    Strategy,
+    build_model,
+    fragment_runs,
+    make_optimizer,
+)
 
 
 def tensor_bytes(state: object) -> int:
@@ -225,10 +232,10 @@ class TorchftDiLoCo(ReplicaGroup):
         from torchft.local_sgd import DiLoCo
 
         opts = self.ctx.opts
-        parts = self.fragments()
+        self.parts = self.fragments()
         self.outer = [torch.optim.SGD(p.parameters(), lr=opts.outer_lr, momentum=opts.outer_momentum,
-                                      nesterov=opts.outer_momentum > 0) for p in parts]
-        self.diloco = DiLoCo(self.manager, parts, self.inner, self.outer, sync_every=opts.inner_steps,
+                                      nesterov=opts.outer_momentum > 0) for p in self.parts]
+        self.diloco = DiLoCo(self.manager, self.parts, self.inner, self.outer, sync_every=opts.inner_steps,
                              backup_device=torch.device("cpu"), pin_memory=False,
                              fragment_sync_delay=self.sync_delay())
         self.diloco.__enter__()  # hooks the inner optimizer's step; left in shutdown()
@@ -239,11 +246,9 @@ class TorchftDiLoCo(ReplicaGroup):
         return 0
 
     def done(self) -> bool:
-        """Inner steps are counted as steps: the Manager counts outer syncs (one every inner_steps)."""
-        return self.current_step() * self.ctx.opts.inner_steps // self.sync_divisor() >= self.ctx.opts.steps
-
-    def sync_divisor(self) -> int:
-        return 1
+        """Inner steps are counted as steps: the Manager counts a step per fragment's sync (every inner_steps /
+        fragments inner steps)."""
+        return self.current_step() * self.ctx.opts.inner_steps // len(self.parts) >= self.ctx.opts.steps
 
     def step(self, index: int, micro_batches: list[MicroBatch]) -> dict:
         self.inner.zero_grad()
@@ -268,26 +273,18 @@ class TorchftStreamingDiLoCo(TorchftDiLoCo):
 
     name = "torchft-streaming-diloco"
 
-    def fragment_count(self) -> int:
-        return max(1, min(self.ctx.opts.fragments, len(list(self.model.parameters()))))
-
     def fragments(self) -> list[torch.nn.Module]:
         params = list(self.model.parameters())
-        count = self.fragment_count()
-        bounds = [round(i * len(params) / count) for i in range(count + 1)]
         parts = []
-        for f in range(count):
+        for run in fragment_runs(len(params), self.ctx.opts.fragments):
             part = torch.nn.Module()  # holds the model's own tensors (shared, not copied): torchft syncs a Module
-            for i, param in enumerate(params[bounds[f]:bounds[f + 1]]):
-                part.register_parameter(f"p{i}", param)
+            for i, index in enumerate(run):
+                part.register_parameter(f"p{i}", params[index])
             parts.append(part)
         return parts
 
     def sync_delay(self) -> int:
         return self.ctx.opts.fragment_sync_delay
-
-    def sync_divisor(self) -> int:
-        return self.fragment_count()
 
     def shared_parameters(self) -> dict[str, torch.Tensor]:
         """Each fragment's global copy as of its last outer step (torchft keeps it to restore a failed commit and
