@@ -29,7 +29,8 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
                "rtt_expected_ms", "rtt_p10_ms", "rtt_p50_ms",
                "rtt_p99_ms", "rtt_p50_error_ms", "delay_line_residual_ms", "delay_line_note", "loss_configured",
                "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps", "goodput_error_pct",
-               "flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s", "not_applied"]
+               "flow_retransmits", "flow_rwnd_limited", "flow_sndbuf_limited", "flow_cwnd_packets", "flow_reader_gap_s",
+               "not_applied"]
     columns = [column for column in columns if column in frame]  # records of an older probe lack the newer ones
     lines = [f"# Link probe: {info['topology']}", "",
              f"- shaper: {info['shaper']} (backend {info['backend']})",
@@ -37,8 +38,9 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
              "- RTT applied = latency of the link ends on the round trip that a running mechanism delays",
              f"- RTT: {DEFINITION}",
              "- delay_line_residual_ms = what the userspace delay lines of the round trip still add (their own p50)",
-             "- flow_retransmits, flow_rwnd_limited = the flow sender's TCP_INFO: segments sent again, and the share of"
-             " its busy time the receiver's window held it back (where a goodput shortfall comes from)",
+             "- flow_retransmits, flow_rwnd_limited, flow_sndbuf_limited, flow_cwnd_packets = the flow sender's"
+             " TCP_INFO: segments sent again, the shares of its busy time the receiver's window and its own send"
+             " buffer held it back, its congestion window at the end (where a goodput shortfall comes from)",
              "",
              frame[columns].to_markdown(index=False, floatfmt=".3f") if not frame.empty else "(no pairs)", ""]
     write_text(directory / "probe.md", "\n".join(lines))

@@ -72,6 +72,9 @@ class PairProbe:
     flow_rwnd_limited: float | None = None  # share of the flow's busy time the receiver's window held it back
     flow_reader_gap_s: float | None = None  # the longest the sink went between two reads (a busy machine's)
     goodput_by_reads_mbps: float | None = None  # goodput counted by the sink's reads, as before 2026-11-28
+    flow_sndbuf_limited: float | None = None  # share of the flow's busy time its own send buffer held it back
+    flow_cwnd_packets: int | None = None  # the sender's congestion window at the end (packets)
+    flow_min_rtt_ms: float | None = None  # the least round trip the sender's TCP saw during the flow
     delay_line_residual_ms: float | None = None  # what the delay lines on the round trip still add (their p50s)
     delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
     rtt_p10_ms: float | None = None  # the 10th percentile: the path's delay with little of the hosts' scheduling
@@ -233,14 +236,18 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
 
 
 def _flow_counters(flow: dict | None) -> dict:
-    """The sender's TCP_INFO figures a PairProbe keeps (none without a flow or from an older agent/kernel)."""
+    """The sender's TCP_INFO figures a PairProbe keeps (none without a flow or from an older agent/kernel): what
+    held a flow back, where its goodput fell short (the receiver's window, its own buffer, the machine's reader)."""
     tcp = (flow or {}).get("tcp", {})
     busy = tcp.get("busy_us")
     by_reads = (flow or {}).get("read_goodput_bps")
     return {"flow_retransmits": tcp.get("total_retrans"),
             "flow_rwnd_limited": tcp["rwnd_limited_us"] / busy if busy and "rwnd_limited_us" in tcp else None,
             "flow_reader_gap_s": (flow or {}).get("reader_gap_max_s"),
-            "goodput_by_reads_mbps": by_reads / 1e6 if by_reads is not None else None}
+            "goodput_by_reads_mbps": by_reads / 1e6 if by_reads is not None else None,
+            "flow_sndbuf_limited": tcp["sndbuf_limited_us"] / busy if busy and "sndbuf_limited_us" in tcp else None,
+            "flow_cwnd_packets": tcp.get("snd_cwnd"),
+            "flow_min_rtt_ms": tcp["min_rtt_us"] / 1e3 if "min_rtt_us" in tcp else None}
 
 
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,

@@ -113,8 +113,12 @@ def test_one_pair_agent_pings_then_sends_only_when_asked(seconds):
 
 def test_a_pair_keeps_the_flows_retransmits_and_receiver_window_share():
     flow = {"tcp": {"total_retrans": 3, "busy_us": 2_000_000, "rwnd_limited_us": 500_000}}
-    none = dict.fromkeys(("flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s", "goodput_by_reads_mbps"))
+    none = dict.fromkeys(("flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s", "goodput_by_reads_mbps",
+                          "flow_sndbuf_limited", "flow_cwnd_packets", "flow_min_rtt_ms"))
     assert _flow_counters(flow) == {**none, "flow_retransmits": 3, "flow_rwnd_limited": 0.25}
+    tcp = {"busy_us": 2_000_000, "sndbuf_limited_us": 1_000_000, "snd_cwnd": 1619, "min_rtt_us": 33_851}
+    assert _flow_counters({"tcp": tcp}) == {**none, "flow_sndbuf_limited": 0.5, "flow_cwnd_packets": 1619,
+                                            "flow_min_rtt_ms": 33.851}
     assert _flow_counters(None) == none
     assert _flow_counters({"goodput_bps": 1.0, "read_goodput_bps": 2e6, "reader_gap_max_s": 0.5}) == {
         **none, "flow_reader_gap_s": 0.5, "goodput_by_reads_mbps": 2.0}

@@ -208,7 +208,7 @@ def test_probe_meets_rtt_and_goodput_on_direct_routed_and_asymmetric_pairs(three
         flows = run_cli("probe", "--json", "--pings", "5", "--seconds", f"{FLOW_SECONDS}s", timeout=600)
     assert flows.returncode == 0, flows.stderr
     flow_keys = ("goodput_mbps", "goodput_error", "flow_retransmits", "flow_rwnd_limited", "flow_reader_gap_s",
-                 "goodput_by_reads_mbps")
+                 "goodput_by_reads_mbps", "flow_sndbuf_limited", "flow_cwnd_packets", "flow_min_rtt_ms")
     goodput = {(p["src"], p["dst"]): {key: p[key] for key in flow_keys} for p in json.loads(flows.stdout)["pairs"]}
     pairs = {(p["src"], p["dst"]): {**p, **goodput[(p["src"], p["dst"])]} for p in json.loads(proc.stdout)["pairs"]}
     assert len(pairs) == 6 and all(0 <= ms < 10 for ms in own.values()), own
