@@ -107,12 +107,14 @@ def _segment_lengths(total: int, g: int, count: int, size: int, phase: str) -> t
 
 
 def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object, phases: tuple[str, ...] = ("rs", "ag"),
-              flows: int = 1) -> float:
+              flows: int = 1, link_free: dict[tuple[int, int], float] | None = None) -> float:
     """Simulate gloo's ring over `ranks` (all entering at `start`); returns when the last rank is done.
     Every segment: the receiver posts its receive (a notification crosses to the sender), the sender's
     payload leaves once both it and the notification are there and the direction is free, and arrives a
     one-way latency after its last byte; a rank starts iteration i once iteration i-2's receive and send
-    are complete. `flows`: identical collectives running at once on other groups (they share the links)."""
+    are complete. `flows`: identical collectives running at once on other groups (they share the links).
+    `link_free`: when each (sender, receiver) pair's direction is next free, kept across the collectives that
+    share it (a payload waits for the ones before it, whichever collective sent them); else this ring's own."""
     t = sim.transport
     g = len(ranks)
     if g < 2 or total <= 0:
@@ -121,7 +123,10 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
     edges = {(i, (i - 1) % g): sim.edge(ranks[i], ranks[(i - 1) % g], flows) for i in range(g)}
     back = {(i, (i + 1) % g): sim.edge(ranks[i], ranks[(i + 1) % g], flows) for i in range(g)}
     clock = start + t.op_overhead
-    free = dict.fromkeys(edges, clock)
+    free = link_free if link_free is not None else {}
+    pair = {(s, r): (ranks[s], ranks[r]) for s, r in edges}
+    for key_pair in pair.values():
+        free.setdefault(key_pair, clock)
     for phase in phases:
         lengths = _segment_lengths(total, g, count, size, phase)
         steps = len(lengths)
@@ -143,9 +148,9 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
                 ready = begin[i][r] + back[(r, s)].latency if t.rendezvous else begin[i][r]
                 notify(sim, key, ranks[r], ranks[s], begin[i][r])
                 conn = sim.connections.get((key, ranks[s], ranks[r]))
-                leave = conn.queued_behind(max(begin[i][s], ready, free[(s, r)]))
+                leave = conn.queued_behind(max(begin[i][s], ready, free[pair[(s, r)]]))
                 duration = send_time(t, conn, nbytes, edge, leave)
-                free[(s, r)] = leave + nbytes / edge.rate
+                free[pair[(s, r)]] = leave + nbytes / edge.rate
                 send_done[i][s] = leave
                 recv_done[i][r] = max(recv_done[i][r], leave + duration + edge.latency)
             for r in range(g):
@@ -156,8 +161,9 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
     return clock
 
 
-def gloo_all_reduce(sim: Sim, ranks: list[int], nbytes: int, start: float, key: object, flows: int = 1) -> float:
-    return gloo_ring(sim, ranks, nbytes, start, key, ("rs", "ag"), flows)
+def gloo_all_reduce(sim: Sim, ranks: list[int], nbytes: int, start: float, key: object, flows: int = 1,
+                    link_free: dict[tuple[int, int], float] | None = None) -> float:
+    return gloo_ring(sim, ranks, nbytes, start, key, ("rs", "ag"), flows, link_free)
 
 
 def gloo_reduce_scatter(sim: Sim, ranks: list[int], nbytes: int, start: float, key: object) -> float:

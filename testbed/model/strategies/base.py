@@ -124,14 +124,16 @@ def _compressed_parts(numel: int, codec: str) -> list[int]:
 
 
 def _inter_reduce(sim: Sim, ranks: list[int], numel: int, codec: str, start: float, key: object,
-                  flows: int = 1) -> tuple[float, dict[str, float]]:
-    """The inter-DC (or flat) step of a DP strategy, compressed or not: (end, payload bytes per direction)."""
+                  flows: int = 1, link_free: dict[tuple[int, int], float] | None = None) -> tuple[float, dict[str, float]]:
+    """The inter-DC (or flat) step of a DP strategy, compressed or not: (end, payload bytes per direction).
+    `link_free`: the directions' FIFO clocks shared with the other collectives in flight (gloo_ring)."""
     net, t = sim.network, sim.transport
     if codec == "none":
-        return gloo_all_reduce(sim, ranks, 4 * numel, start, key, flows), _all_reduce_bytes(net, ranks, 4 * numel, t)
+        return (gloo_all_reduce(sim, ranks, 4 * numel, start, key, flows, link_free),
+                _all_reduce_bytes(net, ranks, 4 * numel, t))
     end, link = start, {}
     for index, part in enumerate(_compressed_parts(numel, codec)):
-        end = gloo_ring(sim, ranks, part * len(ranks), end, (key, index), ("ag",), flows)
+        end = gloo_ring(sim, ranks, part * len(ranks), end, (key, index), ("ag",), flows, link_free)
         add_bytes(link, _ring_bytes(net, ranks, part * len(ranks), ("ag",), t.segment_bytes))
     return end, link
 

@@ -137,7 +137,10 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
     dc = _dc_groups(net)[0]
     group = net.inter_groups()[0]
     chunks, lanes = max(1, opts.chunks), max(1, opts.lanes)
-    flows = n * min(chunks, 2 * lanes)
+    # every node's chunks cross beside the simulated node's (its identical twins share the rate); the chunks in
+    # flight at once on the lanes (two works a lane, a bucket's starting while earlier ones still cross) queue on
+    # the link direction behind each other: its bytes are carried at its rate, never faster
+    flows, link_free = n, {}
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, link = 0.0, [], [], {}
     lane_slots = {lane: [0.0, 0.0] for lane in range(lanes)}  # ProcessGroupGloo runs two works at a time
@@ -162,7 +165,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
                 slot = min(range(2), key=lambda k: slots[k])
                 begin_chunk = max(launch + i * t.op_overhead, slots[slot])  # the launch thread issues them in turn
                 end, chunk_link = _inter_reduce(sim, group, piece, opts.compression, begin_chunk, ("lane", lane),
-                                                flows)
+                                                flows, link_free)
                 slots[slot] = end
                 finished = max(finished, end)
                 add_bytes(link, _scaled(chunk_link, n))
