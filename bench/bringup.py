@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=("netns", "docker"), default="netns")
     parser.add_argument("--image", help="with --backend docker (default: env TESTBED_IMAGE or testbed:latest)")
     args = parser.parse_args()
+    api.handle_signals()  # SIGTERM and Ctrl-C take the testbed down before the script ends
     backend = api.backend(args.backend, **({"image": args.image} if args.image else {}))
     rows = []
     for dcs, nodes in ((1, 2), (2, 4), (4, 8)):

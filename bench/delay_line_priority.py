@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--busy", default=f"0,{2 * (os.cpu_count() or 1)}")
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
+    api.handle_signals()  # SIGTERM and Ctrl-C take the testbed down before the script ends
     rows = []
     for rep in range(args.reps):
         for busy in [int(b) for b in args.busy.split(",")]:

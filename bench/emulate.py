@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--no-page", action="store_true", help="print only; leave docs/validation/emulate.md")
     parser.add_argument("--gallery", action="store_true", help="also write each scenario's gallery result")
     args = parser.parse_args()
+    api.handle_signals()  # SIGTERM and Ctrl-C take the testbed down before the script ends
     started = datetime.now(UTC)
     lines = []
     for run_dir in args.runs:

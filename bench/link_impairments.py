@@ -58,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--packets", type=int, default=10000)
     args = parser.parse_args()
+    api.handle_signals()  # SIGTERM and Ctrl-C take the testbed down before the script ends
     rows = []
     for loss in (0.001, 0.01, 0.05):
         r = pings({"latency": "2ms", "bandwidth": "1gbit", "loss": f"{loss * 100}%", "reverse": {"loss": "0%"}},
