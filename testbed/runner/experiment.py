@@ -28,6 +28,7 @@ from testbed.runner.ranks import workload_argv
 from testbed.runner.session import fabric, finish_run, hold, note_beside, shared_host
 from testbed.runner.space import cell_bytes, check_room, failed_for_room, room_for_cell, run_bytes, stop_when_full
 from testbed.spec.experiment import load_experiment
+from testbed.spec.strategies import TORCHFT
 
 
 def latest_run(out_root: Path, name: str) -> Path | None:
@@ -76,7 +77,8 @@ def run_experiment(path: Path, out_root: Path, *, prefix: str | None = None, sha
                     calibrate_for_model(testbed, run_dir, experiment, progress, forks)
                 for cell in todo:
                     cancel.check()
-                    restarts = 0 if cell.baseline else experiment.restarts
+                    # torchft's replica groups ride out a death themselves: their job never restarts
+                    restarts = 0 if cell.baseline or cell.options.get("strategy") in TORCHFT else experiment.restarts
                     room_for_cell(run_dir, cell_bytes(cell, ranks, restarts), len(cells), resume_argv)
                     note_beside(beside, prefix)
                     argv = workload_argv(cell.workload_args())

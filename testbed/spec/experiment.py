@@ -214,13 +214,6 @@ class Experiment(BaseModel):
         for index, fault in enumerate(self.faults):
             if fault.kind == "sdc":
                 self._check_sdc(f"faults[{index}]", fault)
-            if fault.restart_after is not None:
-                for number, spec in enumerate(self.strategies):
-                    if spec.workload_strategy not in TORCHFT:
-                        raise ValueError(f"faults[{index}].restart_after: only torchft's strategies "
-                                         f"({', '.join(TORCHFT)}) train on while ranks are down and take them back; "
-                                         f"strategies[{number}] is {spec.workload_strategy} ({spec.name}): leave "
-                                         "restart_after out (the cell fails) or restart every rank (restarts:)")
         for index, fault in enumerate(self.faults):
             dark = fault.duration if fault.kind == "partition" else fault.down if fault.kind == "flap" else None
             if dark is not None and dark >= self.cell_timeout:
@@ -242,7 +235,7 @@ class Experiment(BaseModel):
             raise ValueError("checkpoint_every: checkpoints are what restarts begin from: set restarts too")
         if self.restarts:
             for index, spec in enumerate(self.strategies):
-                if spec.workload_strategy not in RESTART_STRATEGIES:
+                if spec.workload_strategy not in (*RESTART_STRATEGIES, *TORCHFT):
                     raise ValueError(f"restarts: ranks restart from a checkpoint in {', '.join(RESTART_STRATEGIES)} "
                                      f"only, not {spec.workload_strategy} (strategies[{index}], {spec.name}: it "
                                      "keeps no checkpoint)")

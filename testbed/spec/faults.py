@@ -89,7 +89,8 @@ class Fault(BaseModel):
     between: tuple[str, str] | None = None
     rank: int | None = None
     dc: str | None = None  # kill: every rank of this DC (a DC's death)
-    restart_after: float | None = None  # kill: the killed ranks start again this long after (torchft strategies)
+    restart_after: float | None = None  # kill: the killed ranks start again this long after (torchft strategies;
+    # under any other the death ends the job: it fails, or restarts from a checkpoint as `restarts:` says)
     duration: float | None = None
     loss: float | None = None
     latency: float | None = None

@@ -131,3 +131,26 @@ def test_under_a_partition_flat_dp_stalls_while_async_diloco_keeps_stepping(pref
         else:
             assert len(during) >= 10, during  # the DCs trained on their own
     assert namespaces_with(prefix) == []
+
+
+def test_a_dcs_kill_with_restart_after_under_flat_dp_restarts_every_rank_from_the_checkpoint(prefix, tmp_path):
+    """The experiment file that kills a DC for torchft's groups (restart_after) also holds built-in strategies:
+    under flat-dp the DC's death ends the job, which `restarts:` starts again from the last checkpoint (after step
+    5: the kill at step 7); restart_after starts none of the DC's ranks on its own (its kill is never cleared:
+    0.5 s after it the restarted job is still at its steps, 50 ms each)."""
+    faults = "  - {kind: kill, dc: west, at: step 7, restart_after: 500ms}\n"
+    path = experiment(tmp_path, faults, steps=24, extra="restarts: 1\ncheckpoint_every: 3\n")
+    proc = run_cli("run", str(path), "--out", str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (cell,) = list((run_dir_of(tmp_path / "out") / "cells").iterdir())
+    result = json.loads((cell / "result.json").read_text())
+    assert result["status"] == "ok", result["reason"]
+    (restart,) = result["restarts"]
+    assert restart["failed_rank"] in (2, 3) and restart["resumed_after_step"] == 5, restart
+    (kill,) = result["faults"]["faults"]
+    assert kill["target"] == "dc west" and kill["applied_at"] is not None and kill.get("cleared_at") is None, kill
+    assert "replica_groups" not in result
+    for rank in range(4):
+        lines = [json.loads(line) for line in (cell / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [e["resumed_after_step"] for e in lines if e["event"] == "start"] == [None, 5], rank
+    assert namespaces_with(prefix) == []

@@ -64,6 +64,21 @@ def test_a_flap_is_one_down_window_per_period_cut_at_its_duration():
     assert all(a.step is None for a in schedule([fault]))
 
 
+def test_a_dcs_kill_with_restart_after_loads_beside_strategies_that_restart_from_checkpoints(tmp_path):
+    """One file compares torchft's groups, which ride out a DC's death and take it back after restart_after, with
+    built-in strategies, whose job the death ends and `restarts:` starts again from the last checkpoint (the
+    runner leaves restart_after to torchft's cells: tests/runner/test_faults_run.py)."""
+    path = tmp_path / "dc-death.yaml"
+    path.write_text(text("[flat-dp, {name: ft, strategy: torchft-ddp}, {name: d, strategy: diloco, options: "
+                         "{inner_steps: 2}}, {name: ftd, strategy: torchft-diloco, options: {inner_steps: 2}}]",
+                         workload="{steps: 8, warmup_steps: 1}",
+                         extra="restarts: 1\ncheckpoint_every: 2\nfaults:\n"
+                               "  - {kind: kill, dc: west, at: step 4, restart_after: 2s}\n"))
+    experiment, _ = load_experiment(path)
+    (kill,) = experiment.faults
+    assert kill.restart_after == 2.0 and experiment.restarts == 1
+
+
 def test_a_kill_is_never_cleared_and_sdc_is_the_workloads():
     kill = Fault(kind="kill", rank=3, at="step 6")
     sdc = Fault(kind="sdc", rank=1, at="step 8", target="parameter", bit=30)
