@@ -224,6 +224,27 @@ def test_hier_dp_overlaps_chunks_in_flight_share_the_link_and_never_beat_its_rat
     assert prediction.step_s < busiest * 8 / rate + compute  # and the chunks still overlap backward
 
 
+def test_torchfts_diloco_pays_a_rings_round_trips_for_every_tensor():
+    """torchft 0.2.0's DiLoCo all-reduces each tensor on its own (two at a time on ProcessGroupGloo's workers):
+    at 25 ms one way its outer sync across 3 DCs measured 5.9-7.5 s where the built-in diloco's one all-reduce of
+    the same bytes took 0.3-0.6 s (experiments/dc-death.yaml, 2026-12-02); the model said 0.2 s for both."""
+    latency, h = 0.025, 8
+    pairs = (("a", "b"), ("b", "c"), ("a", "c"))
+    topology = make_topology("t", {"a": 1, "b": 1, "c": 1},
+                             [link_data(x, y, latency=latency, bandwidth=1e9) for x, y in pairs], si=True)
+    params = {"latency": latency, "bandwidth": 1e9}
+    net = build_network(topology, {key: params for x, y in pairs for key in (f"{x}->{y}", f"{y}->{x}")})
+    def outer_s(strategy: str) -> float:
+        opts = Options(strategy=strategy, steps=2 * h, preset="tiny", micro_batch=8, micro_batches=1,
+                       inner_steps=h)
+        p = PREDICTORS[strategy](CellModel(opts, net, IDEAL, 0.05, warmup_steps=0))
+        return (p.step_s - p.compute_s) * h
+    tensors = len(shapes.tensors(shapes.config(Options(preset="tiny"))))
+    ring_steps = 2 * (3 - 1)  # reduce-scatter and all-gather over 3 groups, each step a one-way latency at least
+    assert outer_s("torchft-diloco") >= tensors / 2 * ring_steps * latency
+    assert outer_s("diloco") < 0.1 * outer_s("torchft-diloco")
+
+
 def test_ddps_two_workers_overlap_two_buckets_all_reduces():
     """ProcessGroupGloo runs two works at once: with 0.5 MB buckets the tiny GPT's 0.95 MB of gradients are two
     buckets (DDP's own rebuild, tests/workload), the second ready while the first's all-reduce is in flight, and

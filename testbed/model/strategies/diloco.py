@@ -41,7 +41,9 @@ def _outer(sim: Sim, m: CellModel, numel: int, start: float, key: object, shard:
     return end, _scaled(_all_reduce_bytes(net, group, 4 * numel, sim.transport), n)
 
 
-def diloco(m: CellModel) -> Prediction:
+def diloco(m: CellModel, outer=None) -> Prediction:
+    """`outer`: how the outer synchronisation moves the pseudo-gradient (_outer's signature; default _outer)."""
+    outer = outer or _outer
     opts, net = m.opts, m.network
     sim = Sim(net, m.transport)
     numel = shapes.parameter_count(shapes.config(opts))
@@ -53,7 +55,7 @@ def diloco(m: CellModel) -> Prediction:
         begin = clock
         clock = _inner(sim, m, numel, clock + compute)
         if (step + 1) % h == 0:
-            end, link = _outer(sim, m, numel, clock, "outer", opts.outer_shard)
+            end, link = outer(sim, m, numel, clock, "outer", opts.outer_shard)
             outer_cost = end - clock
             clock = end
             per_step_link = _scaled(link, 1 / h)
