@@ -65,6 +65,22 @@ def fault_lines(results: list[dict], summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _throughput(mine: pd.DataFrame, result: dict) -> pd.DataFrame:
+    """Per step (end time, wall, tokens of every rank): the ranks' records of one step number, in time order. Under
+    torchft a step number is each group's own (a restarted group counts again from its heal, a DiLoCo's groups
+    apart), so the steps are the survivor's with most of them, its tokens times its group's ranks and the groups
+    in its quorum."""
+    groups = (result.get("replica_groups") or {}).get("replica_groups")
+    if groups and "participants" in mine:
+        rank = mine["rank"].value_counts().idxmax()
+        own = mine[mine["rank"] == rank].sort_values("time")
+        per_group = max(1, mine["rank"].nunique() // groups)
+        return pd.DataFrame({"end": own["time"], "wall": own["wall_s"],
+                             "tokens": own["tokens"] * per_group * own["participants"].clip(lower=1)})
+    per_step = mine.groupby("step").agg(end=("time", "max"), wall=("wall_s", "max"), tokens=("tokens", "sum"))
+    return per_step.sort_values("end")
+
+
 def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: Any) -> list[tuple[str, str]]:
     """tokens/s of every step of each cell that had faults, against the cell's clock, fault windows shaded; under
     torchft also the groups in each step's quorum."""
@@ -79,7 +95,7 @@ def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: 
         cell = result["cell"]["id"]
         zero = result["faults"]["clock_zero"]
         mine = steps[steps["cell"] == cell]
-        per_step = mine.groupby("step").agg(end=("time", "max"), wall=("wall_s", "max"), tokens=("tokens", "sum"))
+        per_step = _throughput(mine, result)
         ax.plot(per_step["end"] - zero, per_step["tokens"] / per_step["wall"], marker=".", lw=1, color="k")
         for entry in result["faults"]["faults"]:
             if entry.get("applied_at") is None:

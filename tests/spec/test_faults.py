@@ -203,6 +203,26 @@ def test_the_report_lists_fault_windows_and_sdc_and_shades_the_windows(tmp_path)
                                          "each step's quorum")]
 
 
+def test_the_timeline_under_torchft_follows_one_survivors_steps_in_time_order():
+    """A restarted group counts its steps again from its heal: grouped by step number with the survivors', its
+    later records pulled their points forward in time and the line went back and forth (the dc-death gallery's
+    first plot). Under torchft the line is the survivor's own steps, its tokens times the groups in its quorum."""
+    import pandas as pd
+
+    from testbed.collect.faults import _throughput
+
+    survivor = [{"rank": 0, "step": s, "time": 10.0 + s, "wall_s": 1.0, "tokens": 100, "participants": p}
+                for s, p in enumerate([3, 3, 2, 2, 3])]
+    restarted = [{"rank": 2, "step": s, "time": 13.5 + s, "wall_s": 1.0, "tokens": 100, "participants": 3}
+                 for s in (1, 2)]  # healed at the survivor's step 3, counting again from its own step 1
+    steps = pd.DataFrame(survivor + restarted + [{**r, "rank": 1} for r in survivor])
+    line = _throughput(steps, {"replica_groups": {"replica_groups": 3}})
+    assert line["end"].tolist() == [10.0, 11.0, 12.0, 13.0, 14.0]
+    assert line["tokens"].tolist() == [300, 300, 200, 200, 300]
+    flat = _throughput(steps.drop(columns="participants"), {})
+    assert flat["end"].is_monotonic_increasing
+
+
 def test_result_sdc_joins_injections_with_their_detections_and_keeps_false_alarms(tmp_path):
     import json
 
