@@ -41,6 +41,9 @@ def figures(run_dir: Path, seconds: float | None, load: str) -> dict:
     """One scenario's line of the validation table, from its run directory."""
     frame = table(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    if seconds is None and manifest.get("finished"):  # a kept run: how long it took, from its manifest
+        took = datetime.fromisoformat(manifest["finished"]) - datetime.fromisoformat(manifest["started"])
+        seconds = took.total_seconds()
     done = frame.dropna(subset=["efficiency_measured"])
     gap = (done["efficiency_measured"] - done["efficiency_full_scale"]).abs()
     wins = winners(frame) if not frame.empty else pd.DataFrame({"agree": []})

@@ -2,8 +2,9 @@
 dimensionless groups (testbed.model.scale_groups) are the full scale's, chosen with the laptop-scale cost model.
 
 Method, per (strategy, point): the full-scale efficiency is testbed.model.whatif's. The cell is 2 (or the
-scenario's) DCs of 2 nodes (a pipeline: 1, a stage per DC) training the `tiny` preset with synthetic compute (a
-sleep split forward/backward as the workload splits a real step; the gradient still crosses the links). For each
+scenario's, at most MAX_DCS but for a pipeline) DCs of 2 nodes (a pipeline: 1, a stage per DC) training the `tiny`
+preset with synthetic compute (a sleep split forward/backward as the workload splits a real step; the gradient still
+crosses the links). For each
 compute time of COMPUTE_S in turn, the link latency is set so that round trip / compute is the full scale's, and
 the inter-DC rate is bisected (log scale, within RATE_RANGE) until the cost model's predicted efficiency of the
 cell against its single-site baseline (testbed.model.predict, the shipped calibration) equals the full scale's
@@ -57,6 +58,11 @@ STEPS, WARMUP = 8, 3
 DILOCO_H = 4  # inner steps the scale model syncs after (the budget's; full scale's H is a group)
 MAX_BUCKETS = 4  # of a 0.8 MB gradient: more and per-call overhead dominates
 MAX_MICRO_BATCHES = 8
+# DCs of a ring the scale model builds: beyond it every DC's 2 ranks outnumber this machine's cores many times and
+# each link direction is a delay line of its own (a full mesh of 14 DCs: 182), and what the ring costs is the
+# cores' wake-ups, not the links (intellect-1-usa, 14 DCs: an outer sync of 0.3-0.4 s unshaped and 0.85 s shaped
+# where the model said 53 and 100 ms; covenant-72b, 20 DCs: 0.7-0.9 s and 1.9-2.4 s against 72 and 199 ms)
+MAX_DCS = 4
 WORKLOAD = {"flat-dp": "flat-dp", "hier-dp": "hier-dp", "hier-dp-overlap": "hier-dp-overlap", "diloco": "diloco",
             "streaming-diloco": "streaming-diloco", "pp-across": "pp", "pp-across-overlap": "pp"}
 WHY_STRUCTURE = {"buckets": "a 0.8 MB gradient cut finer costs more per call (op_overhead) than it hides",
@@ -129,6 +135,7 @@ class _Shape:
     steps: int
     warmup: int
     structure: dict[str, float]
+    dcs: int  # the scale model's DCs: the scenario's, at most MAX_DCS but for a pipeline (a stage per DC)
 
 
 def _shape(s: Scenario, strategy: ScenarioStrategy) -> _Shape:
@@ -154,7 +161,8 @@ def _shape(s: Scenario, strategy: ScenarioStrategy) -> _Shape:
         options = {"schedule": "overlap"}
     nodes = 1 if kind in PIPELINES else 2
     return _Shape(WORKLOAD[kind], options, nodes, mb, steps, warmup,
-                  structure(kind, buckets, h, fragments, overlap, mb, s.dcs if kind in PIPELINES else 1))
+                  structure(kind, buckets, h, fragments, overlap, mb, s.dcs if kind in PIPELINES else 1),
+                  s.dcs if kind in PIPELINES else min(s.dcs, MAX_DCS))
 
 
 def _units(seconds: float, bits: float) -> tuple[str, str]:
@@ -164,7 +172,7 @@ def _units(seconds: float, bits: float) -> tuple[str, str]:
 def experiment_data(s: Scenario, strategy: ScenarioStrategy, shape: _Shape, compute_ms: float, latency: float,
                     rate: float, label: str) -> dict[str, Any]:
     """Plain data of the cell's experiment: topology inline, the one strategy, its single-site baseline."""
-    names = _dc_names(s.dcs)
+    names = _dc_names(shape.dcs)
     lat, bw = _units(latency, rate)
     links = [{"between": [a, b], "latency": lat, "bandwidth": bw}
              for i, a in enumerate(names) for b in names[i + 1:]]
@@ -290,13 +298,18 @@ def derive_cell(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwi
     cfg = shapes.config(opts)
     numel = shapes.parameter_count(cfg)
     transport = calibration.transport
-    scale = cell_groups(kind, numel=numel, nodes=shape.nodes, dcs=s.dcs, step_compute_s=step_s,
+    scale = cell_groups(kind, numel=numel, nodes=shape.nodes, dcs=shape.dcs, step_compute_s=step_s,
                         mb_compute_s=rtt_time(step_s), rtt_s=2 * latency, bandwidth=rate, transport=transport,
                         exposed_s=step_s * (1 / predicted - 1), activation_bytes=shapes.activation_bytes(
                             cfg, MICRO_BATCH), micro_batches=shape.micro_batches, structure_groups=shape.structure)
     scale = {name: scale[name] for name in full if name in scale}  # the full scale's groups (1 rank a DC: no intra)
+    unmatched = compare(full, scale, why)
+    if shape.dcs < s.dcs:
+        unmatched["dcs"] = (f"full scale {s.dcs}, scale model {shape.dcs} (off by {1 - shape.dcs / s.dcs:.0%}): "
+                            f"a ring of more DCs of 2 ranks costs this machine's cores more than its links; the "
+                            f"rate is solved for the efficiency with the scale model's ring")
     return ScaleCell(strategy.name, kind, distance / 1e3, bandwidth / 1e9, target, predicted, full, scale,
-                     compare(full, scale, why), data, step_s, rate, latency)
+                     unmatched, data, step_s, rate, latency)
 
 
 _CACHE: dict[tuple[str, int], tuple[float, float]] = {}
