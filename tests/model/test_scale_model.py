@@ -170,6 +170,19 @@ def test_structure_is_kept_or_said() -> None:
     assert len(three.experiment["topology"]["dcs"]) == 3 and len(three.experiment["topology"]["links"]) == 3
 
 
+def test_a_ring_of_many_dcs_is_emulated_with_few_and_says_so() -> None:
+    """20 DCs of 2 ranks on this machine's 2 cores measured an outer sync 6-12 times what the model said (covenant-72b
+    and intellect-1-usa, 2026-12-02): the scale model rings MAX_DCS DCs, lists the DCs and the ring's latency steps
+    as unmatched, and still matches the efficiency; a pipeline keeps a stage per DC."""
+    cell = derive(load_scenario(ROOT / "scenarios" / "covenant-72b.yaml"))[0]
+    assert len(cell.experiment["topology"]["dcs"]) == scale_model.MAX_DCS
+    assert "full scale 20, scale model 4" in cell.unmatched["dcs"]
+    assert cell.groups_scale["latency_steps"] == 2 * (scale_model.MAX_DCS - 1) and "latency_steps" in cell.unmatched
+    assert abs(cell.efficiency_scale_model_predicted - cell.efficiency_full_scale) <= EFFICIENCY_TOLERANCE
+    three = derive(written_scenarios()["three-dc"])[0]
+    assert "dcs" not in three.unmatched
+
+
 def test_points() -> None:
     scenario = load_scenario(NEMOTRON)
     ref = (scenario.reference["distance"], scenario.reference["bandwidth"])
