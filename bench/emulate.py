@@ -124,8 +124,10 @@ def main() -> None:
     rows = pd.concat([table(Path(line["run"])).assign(scenario=line["scenario"]) for line in lines])
     keep = ["scenario", "strategy", "distance_km", "bandwidth_gbit", "efficiency_full_scale",
             "efficiency_scale_model_predicted", "efficiency_measured", "status"]
+    how = ("runs kept from earlier, each made by the commit its manifest.json names (no load figure)" if args.runs
+           else "load average (1 min) before/after each run in the table")
     front = ["---", f"date: {started:%Y-%m-%d %H:%M} UTC", f"machine: {platform.node()}, {os.cpu_count()} cores, "
-             f"kernel {platform.release()}; load average (1 min) before/after each run in the table",
+             f"kernel {platform.release()}; {how}",
              f"commit: {commit()}", f"command: bench/emulate.py {' '.join(sys.argv[1:])}".rstrip(), "---"]
     if args.gallery:
         for line in lines:
