@@ -9,6 +9,7 @@ crossed by one ring edge in each direction.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass, field
@@ -106,15 +107,37 @@ def _segment_lengths(total: int, g: int, count: int, size: int, phase: str) -> t
                        for r in range(g)) for i in range(count - per_rank))
 
 
+class LinkCalendar:
+    """When each (sender, receiver) direction is busy carrying bytes, across the collectives that share it: a payload
+    takes the first gap of its length from when it may leave, whichever collective was simulated first (they are
+    simulated one after the other, their times overlap)."""
+
+    def __init__(self) -> None:
+        self.busy: dict[tuple[int, int], list[tuple[float, float]]] = {}
+
+    def reserve(self, pair: tuple[int, int], earliest: float, seconds: float) -> float:
+        """The start of the first free span of `seconds` at or after `earliest` on `pair`, now taken."""
+        spans = self.busy.setdefault(pair, [])
+        index = bisect.bisect_right(spans, (earliest, math.inf))
+        begin = earliest
+        if index > 0 and spans[index - 1][1] > begin:
+            begin = spans[index - 1][1]
+        while index < len(spans) and spans[index][0] < begin + seconds:
+            begin = max(begin, spans[index][1])
+            index += 1
+        spans.insert(index, (begin, begin + seconds))
+        return begin
+
+
 def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object, phases: tuple[str, ...] = ("rs", "ag"),
-              flows: int = 1, link_free: dict[tuple[int, int], float] | None = None) -> float:
+              flows: int = 1, link_free: LinkCalendar | None = None) -> float:
     """Simulate gloo's ring over `ranks` (all entering at `start`); returns when the last rank is done.
     Every segment: the receiver posts its receive (a notification crosses to the sender), the sender's
     payload leaves once both it and the notification are there and the direction is free, and arrives a
     one-way latency after its last byte; a rank starts iteration i once iteration i-2's receive and send
     are complete. `flows`: identical collectives running at once on other groups (they share the links).
-    `link_free`: when each (sender, receiver) pair's direction is next free, kept across the collectives that
-    share it (a payload waits for the ones before it, whichever collective sent them); else this ring's own."""
+    `link_free`: the directions' busy spans shared with the other collectives in flight (LinkCalendar): a payload
+    also waits for a gap in them."""
     t = sim.transport
     g = len(ranks)
     if g < 2 or total <= 0:
@@ -123,10 +146,7 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
     edges = {(i, (i - 1) % g): sim.edge(ranks[i], ranks[(i - 1) % g], flows) for i in range(g)}
     back = {(i, (i + 1) % g): sim.edge(ranks[i], ranks[(i + 1) % g], flows) for i in range(g)}
     clock = start + t.op_overhead
-    free = link_free if link_free is not None else {}
-    pair = {(s, r): (ranks[s], ranks[r]) for s, r in edges}
-    for key_pair in pair.values():
-        free.setdefault(key_pair, clock)
+    free = dict.fromkeys(edges, clock)
     for phase in phases:
         lengths = _segment_lengths(total, g, count, size, phase)
         steps = len(lengths)
@@ -148,9 +168,11 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
                 ready = begin[i][r] + back[(r, s)].latency if t.rendezvous else begin[i][r]
                 notify(sim, key, ranks[r], ranks[s], begin[i][r])
                 conn = sim.connections.get((key, ranks[s], ranks[r]))
-                leave = conn.queued_behind(max(begin[i][s], ready, free[pair[(s, r)]]))
+                leave = conn.queued_behind(max(begin[i][s], ready, free[(s, r)]))
+                if link_free is not None:
+                    leave = link_free.reserve((ranks[s], ranks[r]), leave, nbytes / edge.rate)
                 duration = send_time(t, conn, nbytes, edge, leave)
-                free[pair[(s, r)]] = leave + nbytes / edge.rate
+                free[(s, r)] = leave + nbytes / edge.rate
                 send_done[i][s] = leave
                 recv_done[i][r] = max(recv_done[i][r], leave + duration + edge.latency)
             for r in range(g):
@@ -162,7 +184,7 @@ def gloo_ring(sim: Sim, ranks: list[int], total: int, start: float, key: object,
 
 
 def gloo_all_reduce(sim: Sim, ranks: list[int], nbytes: int, start: float, key: object, flows: int = 1,
-                    link_free: dict[tuple[int, int], float] | None = None) -> float:
+                    link_free: LinkCalendar | None = None) -> float:
     return gloo_ring(sim, ranks, nbytes, start, key, ("rs", "ag"), flows, link_free)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from testbed.model import shapes
 from testbed.model.collectives import (
+    LinkCalendar,
     Sim,
     _segment_lengths,
     add_bytes,
@@ -124,9 +125,9 @@ def _compressed_parts(numel: int, codec: str) -> list[int]:
 
 
 def _inter_reduce(sim: Sim, ranks: list[int], numel: int, codec: str, start: float, key: object,
-                  flows: int = 1, link_free: dict[tuple[int, int], float] | None = None) -> tuple[float, dict[str, float]]:
+                  flows: int = 1, link_free: LinkCalendar | None = None) -> tuple[float, dict[str, float]]:
     """The inter-DC (or flat) step of a DP strategy, compressed or not: (end, payload bytes per direction).
-    `link_free`: the directions' FIFO clocks shared with the other collectives in flight (gloo_ring)."""
+    `link_free`: the directions' busy spans shared with the other collectives in flight (gloo_ring)."""
     net, t = sim.network, sim.transport
     if codec == "none":
         return (gloo_all_reduce(sim, ranks, 4 * numel, start, key, flows, link_free),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from testbed.model import shapes
 from testbed.model.collectives import (
+    LinkCalendar,
     Sim,
     add_bytes,
     gloo_all_gather,
@@ -138,9 +139,9 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
     group = net.inter_groups()[0]
     chunks, lanes = max(1, opts.chunks), max(1, opts.lanes)
     # every node's chunks cross beside the simulated node's (its identical twins share the rate); the chunks in
-    # flight at once on the lanes (two works a lane, a bucket's starting while earlier ones still cross) queue on
-    # the link direction behind each other: its bytes are carried at its rate, never faster
-    flows, link_free = n, {}
+    # flight at once on the lanes (two works a lane, a bucket's starting while earlier ones still cross) take turns
+    # on the link direction (LinkCalendar): its bytes are carried at its rate, never faster
+    flows, link_free = n, LinkCalendar()
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, link = 0.0, [], [], {}
     lane_slots = {lane: [0.0, 0.0] for lane in range(lanes)}  # ProcessGroupGloo runs two works at a time
