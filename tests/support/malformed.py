@@ -121,9 +121,6 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         text("[{name: s, strategy: torchft-streaming-diloco, options: {inner_steps: 4, fragments: 2, "
              "fragment_sync_delay: 2}}]", workload="{steps: 8, warmup_steps: 1}"),
         "strategies[0].options.fragment_sync_delay", "must be less than inner_steps / fragments (2)"),
-    "restart_after_without_torchft": (
-        text("[torchft-ddp, diloco]", extra="faults: [{kind: kill, dc: west, at: step 1, restart_after: 2s}]\n"),
-        "faults[0].restart_after", "strategies[1] is diloco"),
     "fault_step_never_reached": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 1, at: step 4}]\n"),
                                  "faults[0].at", "step 4 is never reached"),
     "flap_down_longer_than_period": (
