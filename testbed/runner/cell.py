@@ -32,7 +32,6 @@ from testbed.runner.replicas import predict_heals, replica_figures
 from testbed.runner.restarts import checkpoint_env, restart_figures
 from testbed.runner.sdc import sdc_env, sdc_record
 from testbed.spec.faults import Fault
-from testbed.spec.strategies import TORCHFT
 
 
 def reshape(testbed: Testbed, cell: Cell) -> None:
@@ -61,13 +60,14 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     up to `restarts` times every rank is started again (on a fresh port), from the last checkpoint; `timeout`
     holds for the whole cell. `extra_env`: more for every rank's environment (a command's: ranks.command_env)."""
     faults = faults or []
-    if cell.options.get("strategy") not in TORCHFT:
+    metrics_dir, log_dir = cell_dir / "metrics", cell_dir / "logs"
+    groups = replica_groups(testbed, cell.options, log_dir)  # torchft's strategies: every DC a replica group
+    if groups is None:
         # a DC's death ends any other strategy's job: it fails, or every rank restarts from the last checkpoint
         # (`restarts`); restart_after brings back only torchft's replica groups, which trained on without it
         faults = [fault.model_copy(update={"restart_after": None}) for fault in faults]
     if cell_dir.exists():
         shutil.rmtree(cell_dir)  # an incomplete earlier attempt
-    metrics_dir, log_dir = cell_dir / "metrics", cell_dir / "logs"
     metrics_dir.mkdir(parents=True)
     reshape(testbed, cell)
     started = time.time()
@@ -78,7 +78,6 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
            **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files),
            **(extra_env or {})}
     emulated = registry.get(testbed.state.backend).emulated
-    groups = replica_groups(testbed, cell.options, log_dir)  # torchft's strategies: every DC a replica group
 
     def layout() -> list:
         specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env,

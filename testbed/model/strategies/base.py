@@ -139,6 +139,21 @@ def _inter_reduce(sim: Sim, ranks: list[int], numel: int, codec: str, start: flo
     return end, link
 
 
+class GlooWorkers:
+    """ProcessGroupGloo's two worker threads: two works in flight at once, the next on the one free first."""
+
+    def __init__(self, free_at: float = 0.0) -> None:
+        self.free = [free_at, free_at]
+
+    def start(self, ready: float) -> tuple[int, float]:
+        """(worker, when a work ready at `ready` starts on it)."""
+        worker = min(range(2), key=self.free.__getitem__)
+        return worker, max(ready, self.free[worker])
+
+    def done(self, worker: int, end: float) -> None:
+        self.free[worker] = end
+
+
 def _bucket_ready(m: CellModel, clock: float, buckets: list[int]) -> list[float]:
     """When each gradient bucket (in the order backward fills them) is final, for a step starting at `clock`:
     synthetic compute spreads every micro-batch's backward over the buckets after all forwards; real compute

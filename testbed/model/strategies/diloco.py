@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from testbed.model import shapes
 from testbed.model.collectives import (
     Sim,
@@ -41,9 +43,8 @@ def _outer(sim: Sim, m: CellModel, numel: int, start: float, key: object, shard:
     return end, _scaled(_all_reduce_bytes(net, group, 4 * numel, sim.transport), n)
 
 
-def diloco(m: CellModel, outer=None) -> Prediction:
-    """`outer`: how the outer synchronisation moves the pseudo-gradient (_outer's signature; default _outer)."""
-    outer = outer or _outer
+def diloco(m: CellModel, outer: Callable[..., tuple[float, dict]] = _outer) -> Prediction:
+    """`outer`: how the outer synchronisation moves the pseudo-gradient (_outer's signature)."""
     opts, net = m.opts, m.network
     sim = Sim(net, m.transport)
     numel = shapes.parameter_count(shapes.config(opts))

@@ -14,6 +14,7 @@ from testbed.model.host import HostCpu, all_gather_load, all_to_all_load
 from testbed.model.network import Network
 from testbed.model.strategies.base import (
     CellModel,
+    GlooWorkers,
     Prediction,
     _bucket_ready,
     _dc_groups,
@@ -144,7 +145,7 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
     flows, link_free = n, LinkCalendar()
     compute = m.compute_s * opts.micro_batches
     clock, walls, comms, link = 0.0, [], [], {}
-    lane_slots = {lane: [0.0, 0.0] for lane in range(lanes)}  # ProcessGroupGloo runs two works at a time
+    lane_workers = {lane: GlooWorkers() for lane in range(lanes)}  # each lane a process group
     for _step in range(opts.steps):
         begin = clock
         ready = _bucket_ready(m, clock, buckets)
@@ -162,12 +163,11 @@ def hier_dp_overlap(m: CellModel) -> Prediction:
             finished = launch
             for i in range(chunks):
                 lane = (b * chunks + i) % lanes
-                slots = lane_slots[lane]
-                slot = min(range(2), key=lambda k: slots[k])
-                begin_chunk = max(launch + i * t.op_overhead, slots[slot])  # the launch thread issues them in turn
+                workers = lane_workers[lane]
+                worker, begin_chunk = workers.start(launch + i * t.op_overhead)  # the launch thread issues in turn
                 end, chunk_link = _inter_reduce(sim, group, piece, opts.compression, begin_chunk, ("lane", lane),
                                                 flows, link_free)
-                slots[slot] = end
+                workers.done(worker, end)
                 finished = max(finished, end)
                 add_bytes(link, _scaled(chunk_link, n))
             gather = max(gather, finished)

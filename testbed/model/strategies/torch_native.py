@@ -13,6 +13,7 @@ from testbed.model.collectives import (
 from testbed.model.strategies.base import (
     BACKWARD_SHARE,
     CellModel,
+    GlooWorkers,
     Prediction,
     _bucket_ready,
     _dc_groups,
@@ -49,19 +50,18 @@ def ddp(m: CellModel) -> Prediction:
     clock, walls, comms, total = 0.0, [], [], {}  # total: every step's bytes (PowerSGD's first steps are plain)
     # ProcessGroupGloo's two worker threads: two buckets' all-reduces in flight at once, interleaved on the group's
     # one gloo pair per peer (one connection: the second's payloads take the gaps the first leaves, in one window)
-    slots = [0.0, 0.0]
+    workers = GlooWorkers()
     for step in range(opts.steps):
         begin = clock
         done = clock
         buckets = rebuilt if step else [sum(rebuilt)]
         for size, ready in zip(buckets, _bucket_ready(m, clock, buckets)):  # DDP runs real compute only
-            slot = min(range(2), key=lambda k: slots[k])
-            start = max(ready, slots[slot])
+            worker, start = workers.start(ready)
             parts = [size] if lowrank is None or step < opts.powersgd_start_iter else [n for n in lowrank if n]
             for part in parts:
                 start = gloo_all_reduce(sim, world, element * part, start, "ddp")
                 add_bytes(total, _ring_bytes(net, world, element * part, ("rs", "ag"), t.segment_bytes))
-            slots[slot] = start
+            workers.done(worker, start)
             done = max(done, start)
         compute_end = clock + compute
         clock = max(compute_end, done)

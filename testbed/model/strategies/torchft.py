@@ -14,7 +14,7 @@ import dataclasses
 
 from testbed.model import shapes
 from testbed.model.collectives import Sim, add_bytes, gloo_all_reduce
-from testbed.model.strategies.base import CellModel, Prediction, _all_reduce_bytes, _scaled
+from testbed.model.strategies.base import CellModel, GlooWorkers, Prediction, _all_reduce_bytes, _scaled
 from testbed.model.strategies.diloco import diloco, streaming_diloco
 from testbed.model.strategies.torch_native import ddp
 
@@ -45,12 +45,12 @@ def _per_tensor_outer(sim: Sim, m: CellModel, numel: int, start: float, key: obj
     workers; the outer step waits for them all."""
     net = sim.network
     n, group = min(net.sizes), net.inter_groups()[0]
-    slots, link = [start, start], {}
+    workers, link = GlooWorkers(start), {}
     for size in shapes.tensors(shapes.config(m.opts)):
-        slot = min(range(2), key=slots.__getitem__)
-        slots[slot] = gloo_all_reduce(sim, group, 4 * size, slots[slot], (key, slot), flows=n)
+        worker, begin = workers.start(start)
+        workers.done(worker, gloo_all_reduce(sim, group, 4 * size, begin, (key, worker), flows=n))
         add_bytes(link, _scaled(_all_reduce_bytes(net, group, 4 * size, sim.transport), n))
-    return max(slots), link
+    return max(workers.free), link
 
 
 
