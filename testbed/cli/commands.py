@@ -328,6 +328,9 @@ def run(ctx: typer.Context,
                                        tokens_per_step=tokens_per_step)
             if experiment is None:
                 _fail("give an experiment file, or --topology T -- COMMAND")
+            if ctx.args:  # words after the experiment belong to --topology's command alone
+                _fail(f"testbed run: {' '.join(ctx.args)}: no such option or argument of an experiment's run ({experiment}"
+                      "; a command after -- needs --topology; `testbed plan` predicts without running)")
             return api.run(experiment, out_dir, prefix=prefix, shaper=shaper, resume=resume, only=only,
                            progress=progress, backend=chosen_backend, launcher=launcher)
         finally:

@@ -175,6 +175,8 @@ CASES: dict[str, Case] = {
                             "testbed run: --timeout", "reads two ways: minutes, or metres"),
     "run_timeout_of_nothing": cli(("run", "FILE", "--out", "OUT", "--timeout", "0s"), "testbed run: --timeout",
                                   "must be more than 0"),
+    "run_unknown_option": cli(("run", "FILE", "--out", "OUT", "--dry-run"), "testbed run: --dry-run",
+                              "no such option or argument of an experiment's run"),
     "probe_seconds_bare": cli(("probe", "FILE", "--seconds", "2"), "testbed probe: --seconds",
                               "'2' has no unit: write it with one, e.g. 2s"),
     "probe_seconds_negative": cli(("probe", "--seconds", "-1s"), "testbed probe: --seconds", "cannot be negative"),
