@@ -103,11 +103,11 @@ class ReplicaGroups:
     """What a cell of a torchft strategy adds to its ranks: the lighthouse in the first node (start() before the
     ranks, close() after them) and each rank's group store and lighthouse address (tell())."""
 
-    def __init__(self, testbed: Testbed, heartbeat_timeout_ms: int, log: Path) -> None:
+    def __init__(self, testbed: Testbed, heartbeat_timeout_ms: int, log: Path, min_replicas: int = 1) -> None:
         self.testbed, self.log = testbed, log
         # below Linux's ephemeral range, as the ranks' master port (testbed.runner.ranks.rank_layout)
         self.lighthouse_port, self.store_port = random.sample(range(20000, 32000), 2)
-        self.argv = lighthouse_argv(self.lighthouse_port, heartbeat_timeout_ms=heartbeat_timeout_ms)
+        self.argv = lighthouse_argv(self.lighthouse_port, min_replicas, heartbeat_timeout_ms)
         self.lighthouse: Lighthouse | None = None
 
     def tell(self, specs: list[RankSpec]) -> list[RankSpec]:
@@ -130,4 +130,5 @@ def replica_groups(testbed: Testbed, options: dict[str, Any], log_dir: Path) -> 
     """A cell's replica groups where its strategy is one of torchft's, else None."""
     if options.get("strategy") not in TORCHFT:
         return None
-    return ReplicaGroups(testbed, int(options.get("heartbeat_timeout_ms") or 5000), log_dir / "lighthouse.log")
+    return ReplicaGroups(testbed, int(options.get("heartbeat_timeout_ms") or 5000), log_dir / "lighthouse.log",
+                         int(options.get("min_replicas") or 1))

@@ -140,6 +140,10 @@ class Options:
                                          "outer step waiting for it", strategies=TORCHFT_STREAMING, ge=0)
     heartbeat_timeout_ms: int = option(5000, "torchft: the lighthouse's heartbeat timeout (a silent group leaves "
                                              "the quorum after it)", strategies=TORCHFT, ge=100)
+    min_replicas: int = option(1, "torchft: the fewest groups a quorum needs (the lighthouse's min_replicas and "
+                                  "the Manager's min_replica_size). 1, as torchft's examples: a group cut off from "
+                                  "the others trains alone and its replica diverges; a majority: it waits for the "
+                                  "partition to end and heals", strategies=TORCHFT, ge=1)
     quorum_timeout_s: float = option(30.0, "torchft: how long a group waits for a quorum and for a collective or "
                                            "a heal (the Manager's timeout)", strategies=TORCHFT,
                                      gt=0)
@@ -263,6 +267,9 @@ def check_options(opts: Options, dc_sizes: Sequence[int], dc_names: Sequence[str
     if opts.strategy in DILOCO + TORCHFT_DILOCO and opts.inner_steps > opts.steps:
         raise OptionError("inner_steps", f"{opts.inner_steps} is more than the {opts.steps} steps: the DCs would "
                                          "never synchronise")
+    if opts.strategy in TORCHFT and opts.min_replicas > len(dc_sizes):
+        raise OptionError("min_replicas", f"{opts.min_replicas} is more than the {len(dc_sizes)} DCs (replica groups): "
+                                          "no quorum could form")
     if opts.strategy in TORCHFT and opts.synthetic:
         raise OptionError("synthetic", f"{opts.strategy}: torchft's DDP and DiLoCo hook a real backward and "
                                        "optimizer step; use compute: real")

@@ -121,6 +121,9 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
         text("[{name: s, strategy: torchft-streaming-diloco, options: {inner_steps: 4, fragments: 2, "
              "fragment_sync_delay: 2}}]", workload="{steps: 8, warmup_steps: 1}"),
         "strategies[0].options.fragment_sync_delay", "must be less than inner_steps / fragments (2)"),
+    "torchft_quorum_of_more_groups_than_dcs": (
+        text("[{name: t, strategy: torchft-ddp, options: {min_replicas: 3}}]"),
+        "strategies[0].options.min_replicas", "more than the 2 DCs (replica groups): no quorum could form"),
     "fault_step_never_reached": (text("[flat-dp]", extra="faults: [{kind: kill, rank: 1, at: step 4}]\n"),
                                  "faults[0].at", "step 4 is never reached"),
     "flap_down_longer_than_period": (

@@ -101,7 +101,7 @@ class ReplicaGroup(Strategy):
         node = os.environ.get(rankenv.NODE_ADDRESS, host)  # where its servers are reached: its node's address
         self.transport = node_transport(node, timeout)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=self.use_async_quorum,
+            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=ctx.opts.min_replicas, use_async_quorum=self.use_async_quorum,
             load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
             hostname=node, checkpoint_transport=self.transport,
             store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
