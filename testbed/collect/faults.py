@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+QUORUM_COLOURS = ("tab:blue", "tab:cyan", "tab:olive", "tab:pink", "tab:grey")
 WINDOW_COLUMNS = ("cell", "kind", "target", "at", "scheduled_at", "applied_at", "clear_scheduled_at", "cleared_at")
 
 
@@ -57,12 +58,36 @@ def fault_lines(results: list[dict], summary: pd.DataFrame) -> list[str]:
             missed = [f"rank {i['rank']} step {i['step']}" for i in flips if i["classification"] == "missed"]
             parts.append(f"{len(caught)} of {len(flips)} bit flips caught" + (f" ({', '.join(caught)})" if caught else "")
                          + (f", missed: {', '.join(missed)}" if missed else ""))
+        parts += replica_parts(result.get("replica_groups") or {})
         unexplained = [item for item in result.get("sdc") or [] if not item.get("target")]
         if unexplained:
             parts.append(f"{len(unexplained)} detection(s) where no bit was flipped (false positives)")
         if parts:
             lines.append(f"Cell `{cell}`: " + "; ".join(parts) + ".")
     return lines
+
+
+def replica_parts(figures: dict[str, Any]) -> list[str]:
+    """What a torchft cell's replica groups did, for its Reading line: how far its quorums fell and whether every
+    group ended with the same parameters (nothing while every quorum held every group and the replicas agree)."""
+    groups, fewest = figures.get("replica_groups"), figures.get("participants_min")
+    if not groups:
+        return []
+    parts = []
+    if fewest is not None and fewest < groups:
+        parts.append(f"the quorum fell to {fewest} of {groups} replica groups for {figures.get('degraded_steps')} "
+                     "step(s)")
+    apart = figures.get("groups_apart") or []
+    if figures.get("params_agree") is False:
+        alone = {g: n for g, n in (figures.get("participants_min_by_group") or {}).items() if g in apart}
+        parts.append("**the replicas ended apart** (a split brain): " + ", ".join(apart)
+                     + (" (quorums down to " + ", ".join(f"{g} {n}" for g, n in alone.items()) + " group(s))"
+                        if alone else "")
+                     + " did not end with the parameters the others hold; min_replicas of a majority makes a cut-off"
+                       " group wait instead")
+    elif figures.get("params_agree") and parts:
+        parts.append("every group ended with the same parameters")
+    return parts
 
 
 def _throughput(mine: pd.DataFrame, result: dict) -> pd.DataFrame:
@@ -109,13 +134,17 @@ def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: 
         handles, labels = ax.get_legend_handles_labels()
         groups = mine[mine["participants"] > 0] if "participants" in mine else mine.iloc[0:0]  # 0 (or none): no
         # quorum yet (a DiLoCo's inner steps before its first)
-        if not groups.empty:  # torchft: the groups in each step's quorum, as the rank with most steps saw them
+        if not groups.empty:  # torchft: the groups in each step's quorum, as each group's first rank saw them (a
+            # split brain: a group's line apart from the others'; each line raised a little, so equal ones show)
             quorums += 1
-            seen = groups[groups["rank"] == groups["rank"].value_counts().idxmax()].sort_values("time")
             twin = ax.twinx()
-            twin.step(seen["time"] - zero, seen["participants"], where="post", color="tab:blue", lw=1,
-                      label="groups in the quorum")
-            twin.set(ylabel="groups in the quorum", ylim=(0, seen["participants"].max() + 0.5))
+            names = (result.get("replica_groups") or {}).get("group_names") or []
+            for i, (dc, own) in enumerate(groups.groupby("dc") if "dc" in groups else [(0, groups)]):
+                seen = own[own["rank"] == own["rank"].min()].sort_values("time")
+                name = names[int(dc)] if "dc" in groups and int(dc) < len(names) else str(dc)
+                twin.step(seen["time"] - zero, seen["participants"] + 0.06 * i, where="post", lw=1,
+                          color=QUORUM_COLOURS[i % len(QUORUM_COLOURS)], label=f"groups in {name}'s quorum")
+            twin.set(ylabel="groups in the quorum", ylim=(0, groups["participants"].max() + 0.5))
             more_handles, more_labels = twin.get_legend_handles_labels()
             handles, labels = handles + more_handles, labels + more_labels
         unique = dict(zip(labels, handles))

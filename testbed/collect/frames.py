@@ -31,7 +31,9 @@ Per cell (steps after the warm-up only):
   how often every rank was started again after a death, the steps done again, the seconds from each death to
   the first step begun after it, and the seconds of work done again (from the checkpoint to the death); a
   step done twice counts once (its last time), and effective_time_ratio counts the restarts' seconds as wall
-  time.
+  time;
+- quorum_min, degraded_steps, replicas_apart (torchft's cells): the fewest replica groups in a quorum, the steps
+  taken with fewer than all, and how many groups ended with parameters apart from the others' (a split brain).
 """
 
 from __future__ import annotations
@@ -149,6 +151,18 @@ def restart_columns(result: dict) -> dict:
             "restart_lost_s": sum(r["lost_s"] or 0.0 for r in restarts)}
 
 
+def replica_columns(result: dict) -> dict:
+    """quorum_min, degraded_steps and replicas_apart of a torchft cell (nothing for any other): the fewest groups
+    in a quorum, the steps a group took with fewer than all, and how many groups ended with parameters other than
+    those most held (0: every replica equal; blank: a rank left no final digest)."""
+    figures = result.get("replica_groups")
+    if not figures:
+        return {}
+    agree = figures.get("params_agree")
+    return {"quorum_min": figures.get("participants_min"), "degraded_steps": figures.get("degraded_steps"),
+            "replicas_apart": None if agree is None else len(figures.get("groups_apart") or [])}
+
+
 def fault_figures(result: dict) -> dict:
     """How many fault windows the cell applied and the worst delay after schedule (nothing without faults)."""
     entries = [e for e in (result.get("faults") or {}).get("faults", []) if e.get("applied_at") is not None]
@@ -177,6 +191,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
         row["delay_line_cpu_s"] = result.get("delay_line_cpu_s")
         row.update(fault_figures(result))
         row.update(restart_columns(result))
+        row.update(replica_columns(result))
         mine = steps[steps["cell"] == cell["id"]] if not steps.empty else steps
         if "superseded" in mine:
             mine = mine[~mine["superseded"].astype(bool)]
@@ -300,6 +315,9 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     for key in keys:
         ok[key] = ok[key].astype(str)
     grouped = ok.groupby(keys, sort=False)[numeric].median().reset_index()
+    if "replicas_apart" in ok:  # the worst repetition's: one split brain is one too many
+        grouped["replicas_apart"] = pd.to_numeric(ok["replicas_apart"], errors="coerce").groupby(
+            [ok[k] for k in keys], sort=False).max().values
     grouped["repetitions"] = ok.groupby(keys, sort=False).size().values
     return grouped
 

@@ -144,7 +144,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     after = inter_dc_counters(testbed)
     late_after = testbed.fabric.delay_line_stats()
     lateness = delay_line_lateness(testbed, late_before, late_after)
-    killed = {rank for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None
+    killed = {rank for e in fault_record["faults"] if e["kind"] in ("kill", "partition") and e.get("applied_at") is not None
               for rank in driver.ranks_of(faults[e["index"]])}
     if not outcome.ok and outcome.failed_rank is not None and outcome.failed_rank in killed:
         outcome.reason += " (killed by the faults: timeline)"
@@ -165,12 +165,13 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
               "restarts": restart_figures(metrics_dir / "rank0.jsonl", deaths),
               "delay_line_note": "" if lateness else f"no userspace delay line ({testbed.plan.shaper}): "
                                  "netem keeps no figure of how late it releases packets"}
-    if groups:  # torchft's groups: who was in the quorums, the heals, the pace around a DC's death
+    if groups:  # torchft's groups: who was in the quorums, the heals, the pace around a DC's death or partition
         zero = fault_record["clock_zero"]
-        kills = [(zero + e["applied_at"], zero + e["cleared_at"] if e.get("cleared_at") is not None else None)
-                 for e in fault_record["faults"] if e["kind"] == "kill" and e.get("applied_at") is not None
-                 and zero is not None]
-        result["replica_groups"] = replica_figures(metrics_dir, len(specs), kills)
+        outages = [(zero + e["applied_at"], zero + e["cleared_at"] if e.get("cleared_at") is not None else None)
+                   for e in fault_record["faults"] if e["kind"] in ("kill", "partition")
+                   and e.get("applied_at") is not None and zero is not None]
+        result["replica_groups"] = replica_figures(metrics_dir, len(specs), outages,
+                                                   [dc.name for dc in testbed.topology.dcs])
         fitted = run_calibration(cell_dir.parent.parent)  # the run's own calibration, where it has one
         predict_heals(result["replica_groups"], testbed.topology, cell.link_params(),
                       {node.address: node.dc for node in testbed.plan.nodes}, [spec.node.dc for spec in specs],

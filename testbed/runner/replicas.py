@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,19 @@ def _pace(times: list[float]) -> float | None:
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
 
 
-def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, float | None]]) -> dict[str, Any]:
-    """`kills`: (killed at, restarted at or None) of each DC's kill applied, epoch seconds. Figures of the ranks
-    whose files are in `metrics_dir`: replica_groups, participants_min and degraded_steps (steps with fewer groups
-    in the quorum than there are groups) from each rank's first quorum of all groups on, startup_steps (a
-    survivor's steps before it), heals (per restarted rank: heal_s from its start again to the end of the
-    step its heal ended in, first_step_s, its setup_s, the state's fetch_s and where from, healed_bytes) and
-    steps_per_s before the first kill, while a group was down and after the last rejoin, longest_gap_s (between
-    two step ends after the kill), slowest_step_before_s and median_step_s, on the first rank never killed."""
+def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, float | None]],
+                    dc_names: list[str] | None = None) -> dict[str, Any]:
+    """`outages`: (killed or cut off at, started again or joined again at or None) of each DC's kill and each
+    partition applied, epoch seconds. Figures of the ranks whose files are in `metrics_dir`: replica_groups,
+    participants_min and degraded_steps (steps with fewer groups in the quorum than there are groups) from each
+    rank's first quorum of all groups on, startup_steps (a survivor's steps before it), heals (per restarted rank:
+    heal_s from its start again to the end of the step its heal ended in, first_step_s, its setup_s, the state's
+    fetch_s and where from, healed_bytes) and steps_per_s before the first outage, while a group was out and after
+    the last rejoin, longest_gap_s (between two step ends after the outage), slowest_step_before_s and
+    median_step_s, on the first rank never killed; and whether the replicas ended equal (params_agree, from each
+    rank's final digest; groups_apart: the groups without the parameters most groups ended with, as a split brain
+    leaves them), each group's fewest groups in a quorum (participants_min_by_group) and group_names, each group
+    named by its DC (`dc_names`, else its index)."""
     files = {rank: read_records(metrics_dir / f"rank{rank}.jsonl") for rank in range(world)
              if (metrics_dir / f"rank{rank}.jsonl").exists()}
     groups = {r["replica_group"] for records in files.values() for r in records
@@ -62,15 +68,15 @@ def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, floa
     restarted = {heal["rank"] for heal in heals}
     survivor = next((rank for rank in sorted(steps) if rank not in restarted and steps[rank]), None)
     out: dict[str, Any] = {"replica_groups": len(groups), "participants_min": min(participants, default=None),
-                           "heals": heals}
+                           "heals": heals, **_agreement(files, joined, dc_names or [])}
     if survivor is not None:
         own = steps[survivor]
         out["startup_steps"] = joined[survivor]  # steps it took before every group had joined
         out["degraded_steps"] = sum(1 for r in own[joined[survivor]:] if r.get("participants", len(groups)) < len(groups))
         out["survivor_rank"] = survivor
-        if kills:
-            first = min(at for at, _ in kills)
-            back = [again for _, again in kills]
+        if outages:
+            first = min(at for at, _ in outages)
+            back = [again for _, again in outages]
             last = max(back) if all(again is not None for again in back) else None
             rejoined = [r["time"] for r in own if last is not None and r["time"] > last
                         and r.get("participants") == len(groups)]
@@ -86,6 +92,32 @@ def replica_figures(metrics_dir: Path, world: int, kills: list[tuple[float, floa
             out["longest_gap_s"] = max(gaps, default=None)
             out["median_step_s"] = statistics.median(r["wall_s"] for r in own) if own else None
     return out
+
+
+def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: list[str]) -> dict[str, Any]:
+    """Whether every group ended with the same parameters (each rank's `end` digest; None while a rank has none)
+    and which groups did not end with those most ranks hold, and each group's fewest groups in a quorum after its
+    first quorum of all."""
+    indices = {rank: next((r["replica_group"] for r in records if r.get("event") == "start"
+                           and r.get("replica_group") is not None), None) for rank, records in files.items()}
+    group_of = {rank: None if i is None else dc_names[i] if i < len(dc_names) else str(i) for rank, i in indices.items()}
+    ends = {rank: next((r["params_sha256"] for r in reversed(records) if r.get("event") == "end"), None)
+            for rank, records in files.items()}
+    counts = Counter(d for d in ends.values() if d).most_common(2)
+    agree = None if not ends or None in ends.values() else len(set(ends.values())) == 1
+    # no digest most ranks hold (a tie): every group is apart
+    held = counts[0][0] if counts and (len(counts) == 1 or counts[0][1] > counts[1][1]) else None
+    apart = sorted({group for rank, digest in ends.items() if digest and digest != held
+                    and (group := group_of[rank]) is not None})
+    fewest: dict[str, int] = {}
+    for rank, records in files.items():
+        own = [r["participants"] for r in records if r.get("event") == "step"][joined.get(rank, 0):]
+        seen = [p for p in own if p]
+        if seen and group_of[rank] is not None:
+            key = group_of[rank]
+            fewest[key] = min(fewest.get(key, min(seen)), min(seen))
+    return {"params_agree": agree, "groups_apart": apart, "participants_min_by_group": fewest,
+            "group_names": [group_of[rank] for rank in sorted(files) if group_of[rank] is not None]}
 
 
 def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, LinkParams],

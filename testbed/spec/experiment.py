@@ -37,7 +37,8 @@ LINK_FIELDS = ("latency", "distance", "bandwidth", "jitter", "loss")
 LINK_PARSERS = {"latency": units.parse_delay, "distance": units.parse_distance, "bandwidth": units.parse_rate,
                 "jitter": units.parse_delay, "loss": units.parse_fraction}
 METRICS = ("tokens_per_s", "step_s_median", "step_s_mean", "step_s_p90", "scaling_efficiency",
-           "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss")
+           "efficiency_vs_single_site", "exposed_comm_share", "bubble_ratio", "inter_dc_gb_per_step", "final_loss",
+           "replicas_apart")
 NEEDS_BASELINE = ("scaling_efficiency", "efficiency_vs_single_site")
 # which restart from a checkpoint: rank 0's (the data-parallel ones: its state is every rank's) or each rank's own
 # (FSDP2's shards, pp's stages, the DiLoCos' DCs with their syncs in flight), testbed.workload.checkpoint

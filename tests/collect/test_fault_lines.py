@@ -42,3 +42,19 @@ def test_a_restart_with_no_checkpoint_starts_over():
     (line,) = fault_lines([result("a", restarts=[restart])], pd.DataFrame([{"cell": "a", "stall_s": float("nan")}]))
     assert line == "Cell `a`: rank 3 died; every rank started again from step 0 (no checkpoint), 9 step(s) done " \
                    "again (2.3 s of work)."
+
+
+def test_a_split_brain_is_read_out_and_a_healed_partition_says_the_replicas_agree():
+    split = {"replica_groups": 3, "participants_min": 1, "degraded_steps": 49, "params_agree": False,
+             "groups_apart": ["north"], "participants_min_by_group": {"east": 2, "west": 2, "north": 1}}
+    healed = {**split, "participants_min": 2, "params_agree": True, "groups_apart": [],
+              "participants_min_by_group": {"east": 2, "west": 2, "north": 3}}
+    whole = {**healed, "participants_min": 3, "degraded_steps": 0}
+    lines = fault_lines([result("min1", replica_groups=split), result("majority", replica_groups=healed),
+                         result("whole", replica_groups=whole)], pd.DataFrame())
+    assert lines == [
+        "Cell `min1`: the quorum fell to 1 of 3 replica groups for 49 step(s); **the replicas ended apart** (a split "
+        "brain): north (quorums down to north 1 group(s)) did not end with the parameters the others hold; "
+        "min_replicas of a majority makes a cut-off group wait instead.",
+        "Cell `majority`: the quorum fell to 2 of 3 replica groups for 49 step(s); every group ended with the same "
+        "parameters."]
