@@ -24,7 +24,9 @@ Per cell (steps after the warm-up only):
   (host_steal_flag) above HOST_STEAL_BOUND: the cell's step time is then partly the host's other guests';
 - stall_s: what the measured steps slower than STALL_FACTOR x the median step took beyond the median (a
   partition, a killed peer's timeout, a straggler); effective_time_ratio: the median step times the measured
-  steps over their summed wall time (productive step time over wall time: 1.0 when nothing stalled);
+  steps over their summed wall time (productive step time over wall time: 1.0 when nothing stalled). Under a
+  DiLoCo the median is that of the steps at the same place in its synchronisation period (sync_period), so
+  its outer syncs are held to outer syncs, not taken for stalls;
 - faults_applied and fault_late_max_ms: how many scheduled fault windows were applied (faults.json) and the
   latest one's delay after its schedule;
 - restarts, steps_lost, recovery_s, restart_lost_s (cells whose experiment allows restarts and that had one):
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.spec.strategies import DILOCO, TORCHFT_DILOCO, TORCHFT_STREAMING
 from testbed.steplog import AUTOMATIC, step_records
 
 
@@ -126,14 +129,28 @@ def _mean_gb(per_step: pd.DataFrame, name: str) -> float | None:
 STALL_FACTOR = 2.0  # a step slower than this many medians stalled
 
 
-def stall_figures(walls: pd.Series, lost: float = 0.0) -> dict[str, float]:
-    """stall_s and effective_time_ratio of a cell from its measured steps' wall times and the seconds restarts
-    cost besides (see the module's doc)."""
-    median = float(walls.median())
-    slow = walls[walls > STALL_FACTOR * median]
+def sync_period(options: dict) -> int:
+    """Every how many steps a cell's strategy synchronises across DCs where that is not every step: a DiLoCo's
+    inner_steps (a streaming one's inner_steps / fragments), else 1."""
+    strategy, inner = options.get("strategy"), int(options.get("inner_steps") or 1)
+    if strategy in ("streaming-diloco", *TORCHFT_STREAMING):
+        return max(1, inner // int(options.get("fragments") or 1))
+    return max(1, inner) if strategy in DILOCO + TORCHFT_DILOCO else 1
+
+
+def stall_figures(walls: pd.Series, lost: float = 0.0, period: int = 1) -> dict[str, float]:
+    """stall_s and effective_time_ratio of a cell from its measured steps' wall times (indexed by step) and the
+    seconds restarts cost besides (see the module's doc). With `period` > 1 (a DiLoCo) each step is held to the
+    median of the steps at its place in the period, so an outer sync is measured against outer syncs, not
+    counted as a stall."""
+    if period > 1 and len(walls) >= 3 * period:
+        median = walls.groupby(walls.index.to_numpy() % period).transform("median")
+    else:
+        median = pd.Series(float(walls.median()), index=walls.index)
+    slow = walls > STALL_FACTOR * median
     total = float(walls.sum()) + lost
-    return {"stall_s": float((slow - median).sum()),
-            "effective_time_ratio": median * len(walls) / total if total > 0 else float("nan")}
+    return {"stall_s": float((walls[slow] - median[slow]).sum()),
+            "effective_time_ratio": float(median.sum()) / total if total > 0 else float("nan")}
 
 
 def restart_cost(result: dict) -> float:
@@ -216,7 +233,7 @@ def summarise(results: list[dict], steps: pd.DataFrame, warmup: int) -> pd.DataF
                 "inter_dc_gb_per_step": row["inter_dc_bytes_kernel"] / total_steps / 1e9,
                 "workload_wire_inter_gb_per_step": _mean_gb(per_step, "wire"),
                 "workload_payload_inter_gb_per_step": _mean_gb(per_step, "payload"),
-                **stall_figures(per_step["wall"], restart_cost(result)),
+                **stall_figures(per_step["wall"], restart_cost(result), sync_period(cell.get("options") or {})),
             })
             if "time" in measured and measured["time"].notna().all():
                 stolen = host_steal(result, float((measured["time"] - measured["wall_s"]).min()),

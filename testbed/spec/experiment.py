@@ -321,6 +321,11 @@ class Experiment(BaseModel):
             if other:
                 raise ValueError(f"{field}.metric: bubble_ratio is measured for pipelines (pp) only, "
                                  f"not {', '.join(other)}")
+        if threshold.metric == "replicas_apart":
+            other = [s.name for s in involved if s.workload_strategy not in TORCHFT]
+            if other:
+                raise ValueError(f"{field}.metric: replicas_apart is measured for torchft's replica groups only, "
+                                 f"not {', '.join(other)}")
         if threshold.metric == "final_loss" and self.workload.compute == "synthetic":
             raise ValueError(f"{field}.metric: synthetic compute has no loss")
 

@@ -159,6 +159,12 @@ def test_stall_is_the_excess_of_the_slow_steps_and_the_ratio_what_was_productive
     assert calm["stall_s"] == 0.0 and calm["effective_time_ratio"] == pytest.approx(0.5 / 0.53)
     stalled = stall_figures(pd.Series([0.1, 0.1, 3.1, 0.1, 0.1]))
     assert stalled["stall_s"] == pytest.approx(3.0) and stalled["effective_time_ratio"] == pytest.approx(0.5 / 3.5)
+    # a DiLoCo with H = 4: every fourth step an outer sync of 1 s, one of them stalled 3 s more
+    walls = pd.Series([0.1, 0.1, 0.1, 1.0] * 3 + [0.1, 0.1, 0.1, 4.0], index=range(16))
+    diloco = stall_figures(walls, period=4)
+    assert diloco["stall_s"] == pytest.approx(3.0)
+    assert diloco["effective_time_ratio"] == pytest.approx((12 * 0.1 + 4 * 1.0) / float(walls.sum()))
+    assert stall_figures(walls)["stall_s"] == pytest.approx(3 * 0.9 + 3.9)  # against one median: every sync "stalled"
 
 
 def test_fault_figures_count_applied_windows_and_the_latest():

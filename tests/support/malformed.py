@@ -59,6 +59,8 @@ MALFORMED: dict[str, tuple[str, str, str]] = {
                                     "thresholds[0].metric", "baseline: none"),
     "bubble_of_data_parallelism": (text("[flat-dp]", thresholds="{metric: bubble_ratio, strategy: flat-dp, max: 1}"),
                                    "thresholds[0].metric", "pipelines (pp) only"),
+    "replicas_apart_of_a_built_in": (text("[flat-dp]", thresholds="{metric: replicas_apart, strategy: flat-dp, max: 0}"),
+                                     "thresholds[0].metric", "torchft's replica groups only, not flat-dp"),
     "where_key_not_swept": (text("[flat-dp]", sweep=LATENCY,
                                  thresholds="{metric: tokens_per_s, where: {bandwidth: 1gbit}, min: 1}"),
                             "thresholds[0].where.bandwidth", "not swept"),
