@@ -80,11 +80,14 @@ def replica_parts(figures: dict[str, Any]) -> list[str]:
     apart = figures.get("groups_apart") or []
     if figures.get("params_agree") is False:
         alone = {g: n for g, n in (figures.get("participants_min_by_group") or {}).items() if g in apart}
-        parts.append("**the replicas ended apart** (a split brain): " + ", ".join(apart)
+        every = len(apart) >= groups
+        parts.append("**the replicas ended apart** (a split brain): "
+                     + ("no two of " if every else "") + ", ".join(apart)
                      + (" (quorums down to " + ", ".join(f"{g} {n}" for g, n in alone.items()) + " group(s))"
                         if alone else "")
-                     + " did not end with the parameters the others hold; min_replicas of a majority makes a cut-off"
-                       " group wait instead")
+                     + (" ended with the same parameters" if every else
+                        " did not end with the parameters the others hold")
+                     + "; min_replicas of a majority makes a cut-off group wait instead")
     elif figures.get("params_agree") and parts:
         parts.append("every group ended with the same parameters")
     return parts

@@ -218,11 +218,19 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame, command: bool = False) -> 
     groups = list(shaped.groupby(keys, sort=False)) if keys else [((), shaped)]
     for _, group in groups:
         ranked = group.sort_values(rate, ascending=False)
+        # a torchft cell whose replicas ended apart trained no one model: it is never the fastest
+        apart = pd.to_numeric(ranked["replicas_apart"], errors="coerce").fillna(0) > 0 \
+            if "replicas_apart" in ranked else pd.Series(False, index=ranked.index)
+        if not apart.all():
+            ranked = pd.concat([ranked[~apart], ranked[apart]])
         fastest = ranked.iloc[0]
         text = f"{'At ' + _at(fastest, keys) if keys else 'Across the strategies'}: fastest is " \
                f"**{fastest['strategy']}** at {fmt.format(fastest[rate])} {unit}"
-        others = [f"{row['strategy']} {fmt.format(row[rate])} ({1 - row[rate] / fastest[rate]:.0%} "
-                  "slower)" for _, row in ranked.iloc[1:].iterrows()]
+        others = [f"{row['strategy']} {fmt.format(row[rate])} ("
+                  + (f"{row[rate] / fastest[rate] - 1:.0%} faster, but its replicas ended apart: no one model"
+                     if apart[index] and row[rate] > fastest[rate] else f"{1 - row[rate] / fastest[rate]:.0%} slower"
+                     + ("; its replicas ended apart" if apart[index] else ""))
+                  + ")" for index, row in ranked.iloc[1:].iterrows()]
         lines.append(text + ("; " + ", ".join(others) if others else "") + ".")
     if versus:
         workload_keys = [k for k in keys if k.startswith("workload.")]

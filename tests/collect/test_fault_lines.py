@@ -58,3 +58,16 @@ def test_a_split_brain_is_read_out_and_a_healed_partition_says_the_replicas_agre
         "min_replicas of a majority makes a cut-off group wait instead.",
         "Cell `majority`: the quorum fell to 2 of 3 replica groups for 49 step(s); every group ended with the same "
         "parameters."]
+
+
+def test_a_strategy_whose_replicas_ended_apart_is_never_the_fastest():
+    from testbed.collect.report import reading
+
+    agg = pd.DataFrame([{"strategy": "min1", "baseline": "False", "tokens_per_s": 14000.0, "replicas_apart": 2},
+                        {"strategy": "majority", "baseline": "False", "tokens_per_s": 7000.0, "replicas_apart": 0}])
+    summary = pd.DataFrame([{"cell": f"{s}__r0", "strategy": s, "status": "ok"} for s in ("min1", "majority")])
+    first = reading(summary, agg)[0]
+    assert first == ("Across the strategies: fastest is **majority** at 7,000 tokens/s; min1 14,000 (100% faster, but "
+                     "its replicas ended apart: no one model).")
+    agg["replicas_apart"] = 0
+    assert reading(summary, agg)[0].startswith("Across the strategies: fastest is **min1**")
