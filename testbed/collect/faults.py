@@ -79,15 +79,14 @@ def replica_parts(figures: dict[str, Any]) -> list[str]:
                      "step(s)")
     apart = figures.get("groups_apart") or []
     if figures.get("params_agree") is False:
-        alone = {g: n for g, n in (figures.get("participants_min_by_group") or {}).items() if g in apart}
         every = len(apart) >= groups
-        parts.append("**the replicas ended apart** (a split brain): "
-                     + ("no two of " if every else "") + ", ".join(apart)
-                     + (" (quorums down to " + ", ".join(f"{g} {n}" for g, n in alone.items()) + " group(s))"
-                        if alone else "")
+        alone = {g: n for g, n in (figures.get("steps_after_others_ended") or {}).items() if g in apart}
+        parts.append("**the replicas ended apart**: " + ("no two of " if every else "") + ", ".join(apart)
                      + (" ended with the same parameters" if every else
                         " did not end with the parameters the others hold")
-                     + "; min_replicas of a majority makes a cut-off group wait instead")
+                     + ("; " + ", ".join(f"{g} took {n} step(s) after every other group had ended, in quorums of "
+                                         "its own" for g, n in alone.items()) if alone else "")
+                     + " (not one model: a majority's min_replicas makes a group wait for the others instead)")
     elif figures.get("params_agree") and parts:
         parts.append("every group ended with the same parameters")
     return parts
@@ -138,7 +137,7 @@ def timeline_plot(run_dir: Path, results: list[dict], steps: pd.DataFrame, plt: 
         groups = mine[mine["participants"] > 0] if "participants" in mine else mine.iloc[0:0]  # 0 (or none): no
         # quorum yet (a DiLoCo's inner steps before its first)
         if not groups.empty:  # torchft: the groups in each step's quorum, as each group's first rank saw them (a
-            # split brain: a group's line apart from the others'; each line raised a little, so equal ones show)
+            # group that trained alone: its line apart from the others'; each line raised a little, so equal ones show)
             quorums += 1
             twin = ax.twinx()
             names = (result.get("replica_groups") or {}).get("group_names") or []

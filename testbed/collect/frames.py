@@ -35,7 +35,7 @@ Per cell (steps after the warm-up only):
   step done twice counts once (its last time), and effective_time_ratio counts the restarts' seconds as wall
   time;
 - quorum_min, degraded_steps, replicas_apart (torchft's cells): the fewest replica groups in a quorum, the steps
-  taken with fewer than all, and how many groups ended with parameters apart from the others' (a split brain).
+  taken with fewer than all, and how many groups ended with parameters apart from the others' (not one model).
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def aggregate(summary: pd.DataFrame) -> pd.DataFrame:
     for key in keys:
         ok[key] = ok[key].astype(str)
     grouped = ok.groupby(keys, sort=False)[numeric].median().reset_index()
-    if "replicas_apart" in ok:  # the worst repetition's: one split brain is one too many
+    if "replicas_apart" in ok:  # the worst repetition's: one run of two models is one too many
         grouped["replicas_apart"] = pd.to_numeric(ok["replicas_apart"], errors="coerce").groupby(
             [ok[k] for k in keys], sort=False).max().values
     grouped["repetitions"] = ok.groupby(keys, sort=False).size().values

@@ -34,9 +34,9 @@ def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, fl
     fetch_s and where from, healed_bytes) and steps_per_s before the first outage, while a group was out and after
     the last rejoin, longest_gap_s (between two step ends after the outage), slowest_step_before_s and
     median_step_s, on the first rank never killed; and whether the replicas ended equal (params_agree, from each
-    rank's final digest; groups_apart: the groups without the parameters most groups ended with, as a split brain
-    leaves them), each group's fewest groups in a quorum (participants_min_by_group) and group_names, each group
-    named by its DC (`dc_names`, else its index)."""
+    rank's final digest; groups_apart: the groups without the parameters most groups ended with), each group's
+    fewest groups in a quorum (participants_min_by_group), the steps a group took after every other had ended
+    (steps_after_others_ended) and group_names, each group named by its DC (`dc_names`, else its index)."""
     files = {rank: read_records(metrics_dir / f"rank{rank}.jsonl") for rank in range(world)
              if (metrics_dir / f"rank{rank}.jsonl").exists()}
     groups = {r["replica_group"] for records in files.values() for r in records
@@ -116,7 +116,22 @@ def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: l
         if seen and group_of[rank] is not None:
             key = group_of[rank]
             fewest[key] = min(fewest.get(key, min(seen)), min(seen))
+    # the steps each group took after every other group had ended (a group back from a partition once the
+    # others were done trains its last steps alone: a quorum of one is granted where it alone heartbeats)
+    ended: dict[str, float] = {}
+    for rank, records in files.items():
+        end = next((r["time"] for r in reversed(records) if r.get("event") == "end"), None)
+        if end is not None and group_of[rank] is not None:
+            ended[group_of[rank]] = max(ended.get(group_of[rank], end), end)
+    after: dict[str, int] = {}
+    for rank, records in files.items():
+        group = group_of[rank]
+        others = [t for g, t in ended.items() if g != group]
+        if group is not None and others:
+            count = sum(1 for r in records if r.get("event") == "step" and r["time"] > max(others))
+            after[group] = max(after.get(group, 0), count)
     return {"params_agree": agree, "groups_apart": apart, "participants_min_by_group": fewest,
+            "steps_after_others_ended": {g: n for g, n in after.items() if n},
             "group_names": [group_of[rank] for rank in sorted(files) if group_of[rank] is not None]}
 
 

@@ -44,20 +44,27 @@ def test_a_restart_with_no_checkpoint_starts_over():
                    "again (2.3 s of work)."
 
 
-def test_a_split_brain_is_read_out_and_a_healed_partition_says_the_replicas_agree():
+def test_replicas_that_ended_apart_are_read_out_and_a_healed_partition_says_the_replicas_agree():
     split = {"replica_groups": 3, "participants_min": 1, "degraded_steps": 49, "params_agree": False,
-             "groups_apart": ["north"], "participants_min_by_group": {"east": 2, "west": 2, "north": 1}}
+             "groups_apart": ["north"], "participants_min_by_group": {"east": 2, "west": 2, "north": 1},
+             "steps_after_others_ended": {"north": 50}}
     healed = {**split, "participants_min": 2, "params_agree": True, "groups_apart": [],
-              "participants_min_by_group": {"east": 2, "west": 2, "north": 3}}
+              "participants_min_by_group": {"east": 2, "west": 2, "north": 3}, "steps_after_others_ended": {}}
     whole = {**healed, "participants_min": 3, "degraded_steps": 0}
+    pair = {"replica_groups": 2, "participants_min": 1, "degraded_steps": 169, "params_agree": False,
+            "groups_apart": ["east", "west"], "steps_after_others_ended": {"west": 170}}
     lines = fault_lines([result("min1", replica_groups=split), result("majority", replica_groups=healed),
-                         result("whole", replica_groups=whole)], pd.DataFrame())
+                         result("whole", replica_groups=whole), result("pair", replica_groups=pair)], pd.DataFrame())
     assert lines == [
-        "Cell `min1`: the quorum fell to 1 of 3 replica groups for 49 step(s); **the replicas ended apart** (a split "
-        "brain): north (quorums down to north 1 group(s)) did not end with the parameters the others hold; "
-        "min_replicas of a majority makes a cut-off group wait instead.",
+        "Cell `min1`: the quorum fell to 1 of 3 replica groups for 49 step(s); **the replicas ended apart**: north "
+        "did not end with the parameters the others hold; north took 50 step(s) after every other group had ended, "
+        "in quorums of its own (not one model: a majority's min_replicas makes a group wait for the others "
+        "instead).",
         "Cell `majority`: the quorum fell to 2 of 3 replica groups for 49 step(s); every group ended with the same "
-        "parameters."]
+        "parameters.",
+        "Cell `pair`: the quorum fell to 1 of 2 replica groups for 169 step(s); **the replicas ended apart**: no two "
+        "of east, west ended with the same parameters; west took 170 step(s) after every other group had ended, in "
+        "quorums of its own (not one model: a majority's min_replicas makes a group wait for the others instead)."]
 
 
 def test_a_strategy_whose_replicas_ended_apart_is_never_the_fastest():

@@ -28,6 +28,7 @@ def test_a_group_that_trained_alone_ends_apart_and_is_named(tmp_path):
     figures = replica_figures(tmp_path, 3, [], NAMES)
     assert figures["params_agree"] is False and figures["groups_apart"] == ["north"]
     assert figures["participants_min_by_group"] == {"east": 2, "west": 2, "north": 1}
+    assert figures["steps_after_others_ended"] == {}  # every group ended at once
     assert replica_columns({"replica_groups": figures}) == {"quorum_min": 1, "degraded_steps": 2, "replicas_apart": 1}
 
 
@@ -46,3 +47,15 @@ def test_two_groups_apart_with_no_majority_are_both_apart(tmp_path):
     write_ranks(tmp_path, ["aa", "bb"], [[2, 1], [2, 1]])
     figures = replica_figures(tmp_path, 2, [], NAMES[:2])
     assert figures["params_agree"] is False and figures["groups_apart"] == ["east", "west"]
+
+
+def test_a_group_back_after_the_others_ended_counts_the_steps_it_took_alone(tmp_path):
+    write_ranks(tmp_path, ["aa", "aa", "bb"], [[3, 2], [3, 2], [3, 1, 1, 1]])
+    north = (tmp_path / "rank2.jsonl").read_text().splitlines()
+    late = [line.replace('"time": 99.0', '"time": 199.0') if '"end"' in line else line for line in north]
+    for i, line in enumerate(late):  # its last three steps after the others' end (99 s)
+        if '"step", "step": ' in line and i > 1:
+            late[i] = line.replace(f'"time": {float(i)}', f'"time": {100.0 + i}')
+    (tmp_path / "rank2.jsonl").write_text("\n".join(late) + "\n")
+    figures = replica_figures(tmp_path, 3, [], NAMES)
+    assert figures["groups_apart"] == ["north"] and figures["steps_after_others_ended"] == {"north": 3}

@@ -144,9 +144,11 @@ faults:
 
 def test_a_dc_cut_off_under_a_majority_quorum_waits_rejoins_is_healed_and_no_replica_ends_apart(prefix, tmp_path):
     """Issue 56 item 5: north cut off from both other DCs for 3 s under torchft's DiLoCo with min_replicas 2 of 3.
-    The other two go on in quorums of two; north, alone, forms none (no quorum of one: no split brain), joins the
-    others' next quorum after the partition, is healed from a peer, and every replica ends equal, which
-    result.json, summary.csv and the report's Reading all say."""
+    Where the cut falls decides what the others do: between outer syncs they go on in quorums of two and north,
+    cut off from the lighthouse, forms none, joins their next quorum after the partition and is healed from a peer;
+    inside an outer sync's all-reduce every group waits in it past the partition (TCP's retransmission backoff
+    included). Either way north is in no quorum without a peer and every replica ends equal, which result.json,
+    summary.csv and the report all say."""
     try:
         import torchft  # noqa: F401
     except ImportError:
@@ -161,18 +163,23 @@ def test_a_dc_cut_off_under_a_majority_quorum_waits_rejoins_is_healed_and_no_rep
     assert all(e["applied_at"] is not None and e["cleared_at"] is not None for e in result["faults"]["faults"])
     figures = result["replica_groups"]
     assert figures["group_names"] == ["east", "west", "north"], figures
-    assert figures["degraded_steps"] > 0 and figures["participants_min"] == 2, figures  # the others went on
+    north = [json.loads(line) for line in (cell / "metrics" / "rank2.jsonl").read_text().splitlines() if line.strip()]
+    if figures["degraded_steps"]:  # the others went on without north, which came back and was healed
+        assert figures["participants_min"] == 2 and figures["steps_per_s"]["down"], figures
+        assert figures["steps_per_s"]["after"], figures
+        assert max(r.get("healed_bytes", 0) for r in north if r["event"] == "step") > 0
+        report_says = "every group ended with the same parameters"
+    else:  # every group waited in the all-reduce the partition cut, at least as long as it lasted
+        assert figures["participants_min"] == 3 and figures["longest_gap_s"] >= 3.0, figures
+        report_says = "the slow steps took"
     # north never in a quorum without a peer (of one, it would have trained alone)
     assert figures["participants_min_by_group"]["north"] >= 2, figures
     assert figures["params_agree"] is True and figures["groups_apart"] == [], figures
-    assert figures["steps_per_s"]["down"] and figures["steps_per_s"]["after"], figures  # out and back in
-    north = [json.loads(line) for line in (cell / "metrics" / "rank2.jsonl").read_text().splitlines() if line.strip()]
-    assert max(r.get("healed_bytes", 0) for r in north if r["event"] == "step") > 0  # healed from a peer
     assert [r["participants"] for r in north if r["event"] == "step"][-1] == 3  # back in the last quorum
     ends = {json.loads(line)["params_sha256"] for rank in range(3)
             for line in (cell / "metrics" / f"rank{rank}.jsonl").read_text().splitlines() if '"end"' in line}
     assert len(ends) == 1
     summary = (run_dir / "summary.csv").read_text().splitlines()
     assert dict(zip(summary[0].split(","), summary[1].split(",")))["replicas_apart"] in ("0", "0.0")
-    assert "every group ended with the same parameters" in (run_dir / "report.md").read_text()
+    assert report_says in (run_dir / "report.md").read_text() and "ended apart" not in (run_dir / "report.md").read_text()
     assert namespaces_with(prefix) == []

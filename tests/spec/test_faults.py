@@ -207,7 +207,7 @@ def test_the_report_lists_fault_windows_and_sdc_and_shades_the_windows(tmp_path)
     made = timeline_plot(tmp_path, [result], steps, _plt())
     assert made == [("plots/faults.png", "throughput of each step with the fault windows shaded and the groups in "
                                          "each step's quorum")]
-    # a split brain: each group's own quorums, one line per group (north alone in quorums of 1)
+    # replicas apart: each group's own quorums, one line per group (north alone in quorums of 1)
     north = steps.assign(rank=1, dc=1, participants=[0, 3, 3, 1, 1, 1, 1, 1])
     split = {**result, "replica_groups": {"group_names": ["east", "north"]}}
     made = timeline_plot(tmp_path, [split], pd.concat([steps.assign(dc=0), north]), _plt())
