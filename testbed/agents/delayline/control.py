@@ -4,6 +4,7 @@ after where it runs; its files live in a directory the caller names (testbed.age
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -76,8 +77,12 @@ def read_status(directory: Path, name: str) -> DelayLineStatus | None:
 def reconfigure(directory: Path, name: str, key: str, spec: DelayLineSpec) -> None:
     """Change direction `key` served by delay line `name`, live (the supervisor forwards SIGHUP)."""
     files = DelayLineFiles.named(directory, name)
-    work = [item.reshaped(spec) if item.key == key else item for item in load_config(files.config.read_text())]
-    write_text(files.config, dump_config(work))
+    # one change at a time per delay line (two faults of one gateway applied at once, `testbed shape` from another
+    # shell): a read-modify-write of the config beside another would lose one of the two
+    with open(files.config.with_name(files.config.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        work = [item.reshaped(spec) if item.key == key else item for item in load_config(files.config.read_text())]
+        write_text(files.config, dump_config(work))
     status = read_status(directory, name)
     if status is None or not serves(status.supervisor, files.config):
         raise RuntimeError(f"delay line of {name} is not running")

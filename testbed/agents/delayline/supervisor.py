@@ -88,17 +88,29 @@ def supervise(config_path: str) -> int:
     signal.signal(signal.SIGINT, on_term)
     child: subprocess.Popen | None = None
 
+    hup = {"pending": False, "busy": False}
+
     def on_hup(*_: object) -> None:
-        """A live change: the rules of directions that now have work first, then the worker reads its config."""
-        if not status.ready:
-            return  # not serving yet: the rules are added from the config as it is then
-        work = load_config(files.config.read_text())
-        problem = _add_rules(work, status) or _drop_rules(work, status)
-        if problem:
-            print(f"delayline: {problem}", flush=True)
-        status.write(files.status)
-        if child is not None:
-            child.send_signal(signal.SIGHUP)
+        """A live change: the rules of directions that now have work first, then the worker reads its config. Never
+        re-entered: a SIGHUP arriving while one is handled (two link faults of one gateway cleared at once) is
+        taken by the same call's next round. Entered twice, the inner call's status write renamed the temporary
+        file the outer one was about to rename, and the exception killed the supervisor: its links went dark."""
+        hup["pending"] = True
+        if hup["busy"]:
+            return
+        hup["busy"] = True
+        try:
+            while hup["pending"] and status.ready:  # not serving yet: the rules are added from the config then
+                hup["pending"] = False
+                work = load_config(files.config.read_text())
+                problem = _add_rules(work, status) or _drop_rules(work, status)
+                if problem:
+                    print(f"delayline: {problem}", flush=True)
+                status.write(files.status)
+                if child is not None:
+                    child.send_signal(signal.SIGHUP)
+        finally:
+            hup["busy"] = False
 
     signal.signal(signal.SIGHUP, on_hup)
     while not stop["flag"]:
@@ -120,6 +132,8 @@ def supervise(config_path: str) -> int:
         status.write(files.status)
         while child.poll() is None and not stop["flag"]:
             time.sleep(0.05)
+            if hup["pending"] and not hup["busy"]:  # one that came as the last round ended
+                on_hup()
         if stop["flag"]:
             break
         status.restarts += 1
