@@ -100,9 +100,11 @@ def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: l
     first quorum of all."""
     indices = {rank: next((r["replica_group"] for r in records if r.get("event") == "start"
                            and r.get("replica_group") is not None), None) for rank, records in files.items()}
-    group_of = {rank: None if i is None else dc_names[i] if i < len(dc_names) else str(i) for rank, i in indices.items()}
-    ends = {rank: next((r["params_sha256"] for r in reversed(records) if r.get("event") == "end"), None)
-            for rank, records in files.items()}
+    known = sorted({i for i in indices.values() if i is not None})
+    names = [dc_names[i] if i < len(dc_names) else str(i) for i in range(known[-1] + 1)] if known else []
+    group_of = {rank: None if i is None else names[i] for rank, i in indices.items()}
+    last = {rank: next((r for r in reversed(records) if r.get("event") == "end"), None) for rank, records in files.items()}
+    ends = {rank: end["params_sha256"] if end else None for rank, end in last.items()}
     counts = Counter(d for d in ends.values() if d).most_common(2)
     agree = None if not ends or None in ends.values() else len(set(ends.values())) == 1
     # no digest most ranks hold (a tie): every group is apart
@@ -111,18 +113,15 @@ def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: l
                     and (group := group_of[rank]) is not None})
     fewest: dict[str, int] = {}
     for rank, records in files.items():
-        own = [r["participants"] for r in records if r.get("event") == "step"][joined.get(rank, 0):]
-        seen = [p for p in own if p]
-        if seen and group_of[rank] is not None:
-            key = group_of[rank]
-            fewest[key] = min(fewest.get(key, min(seen)), min(seen))
+        seen = [p for p in [r["participants"] for r in records if r.get("event") == "step"][joined.get(rank, 0):] if p]
+        if seen and (group := group_of[rank]) is not None:
+            fewest[group] = min(fewest.get(group, min(seen)), min(seen))
     # the steps each group took after every other group had ended (a group back from a partition once the
     # others were done trains its last steps alone: a quorum of one is granted where it alone heartbeats)
     ended: dict[str, float] = {}
-    for rank, records in files.items():
-        end = next((r["time"] for r in reversed(records) if r.get("event") == "end"), None)
-        if end is not None and group_of[rank] is not None:
-            ended[group_of[rank]] = max(ended.get(group_of[rank], end), end)
+    for rank, end in last.items():
+        if end is not None and (group := group_of[rank]) is not None:
+            ended[group] = max(ended.get(group, end["time"]), end["time"])
     after: dict[str, int] = {}
     for rank, records in files.items():
         group = group_of[rank]
@@ -131,8 +130,7 @@ def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: l
             count = sum(1 for r in records if r.get("event") == "step" and r["time"] > max(others))
             after[group] = max(after.get(group, 0), count)
     return {"params_agree": agree, "groups_apart": apart, "participants_min_by_group": fewest,
-            "steps_after_others_ended": {g: n for g, n in after.items() if n},
-            "group_names": [group_of[rank] for rank in sorted(files) if group_of[rank] is not None]}
+            "steps_after_others_ended": {g: n for g, n in after.items() if n}, "group_names": names}
 
 
 def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, LinkParams],

@@ -12,10 +12,11 @@ from testbed.runner.replicas import replica_figures
 NAMES = ["east", "west", "north"]
 
 
-def write_ranks(metrics: Path, digests: list[str | None], participants: list[list[int]]) -> None:
+def write_ranks(metrics: Path, digests: list[str | None], participants: list[list[int]],
+                per_group: int = 1) -> None:
     metrics.mkdir(parents=True, exist_ok=True)
     for rank, (digest, quorums) in enumerate(zip(digests, participants)):
-        records = [{"event": "start", "rank": rank, "time": 0.0, "replica_group": rank}]
+        records = [{"event": "start", "rank": rank, "time": 0.0, "replica_group": rank // per_group}]
         records += [{"event": "step", "step": i, "rank": rank, "time": 1.0 + i, "wall_s": 1.0, "participants": n}
                     for i, n in enumerate(quorums)]
         if digest is not None:
@@ -59,3 +60,11 @@ def test_a_group_back_after_the_others_ended_counts_the_steps_it_took_alone(tmp_
     (tmp_path / "rank2.jsonl").write_text("\n".join(late) + "\n")
     figures = replica_figures(tmp_path, 3, [], NAMES)
     assert figures["groups_apart"] == ["north"] and figures["steps_after_others_ended"] == {"north": 3}
+
+
+def test_groups_of_several_ranks_are_named_once_each_in_their_order(tmp_path):
+    """The timeline names each group's line by its index in group_names: one name per group, not per rank."""
+    write_ranks(tmp_path, ["aa"] * 4, [[2, 2]] * 4, per_group=2)
+    figures = replica_figures(tmp_path, 4, [], NAMES[:2])
+    assert figures["group_names"] == ["east", "west"] and figures["params_agree"] is True
+    assert figures["participants_min_by_group"] == {"east": 2, "west": 2}
