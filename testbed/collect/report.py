@@ -221,8 +221,7 @@ def reading(summary: pd.DataFrame, agg: pd.DataFrame, command: bool = False) -> 
         # a torchft cell whose replicas ended apart trained no one model: it is never the fastest
         apart = pd.to_numeric(ranked["replicas_apart"], errors="coerce").fillna(0) > 0 \
             if "replicas_apart" in ranked else pd.Series(False, index=ranked.index)
-        if not apart.all():
-            ranked = pd.concat([ranked[~apart], ranked[apart]])
+        ranked = pd.concat([ranked[~apart], ranked[apart]])
         fastest = ranked.iloc[0]
         text = f"{'At ' + _at(fastest, keys) if keys else 'Across the strategies'}: fastest is " \
                f"**{fastest['strategy']}** at {fmt.format(fastest[rate])} {unit}"

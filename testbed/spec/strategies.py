@@ -141,9 +141,10 @@ class Options:
     heartbeat_timeout_ms: int = option(5000, "torchft: the lighthouse's heartbeat timeout (a silent group leaves "
                                              "the quorum after it)", strategies=TORCHFT, ge=100)
     min_replicas: int = option(1, "torchft: the fewest groups a quorum needs (the lighthouse's min_replicas and "
-                                  "the Manager's min_replica_size). 1, as torchft's examples: a group cut off from "
-                                  "the others trains alone and its replica diverges; a majority: it waits for the "
-                                  "partition to end and heals", strategies=TORCHFT, ge=1)
+                                  "the Manager's min_replica_size). 1, as torchft's examples: a group back from a "
+                                  "partition after the others ended trains its last steps alone and its replica "
+                                  "ends apart; a majority: it waits for others (and fails past quorum_timeout_s)",
+                               strategies=TORCHFT, ge=1)
     quorum_timeout_s: float = option(30.0, "torchft: how long a group waits for a quorum and for a collective or "
                                            "a heal (the Manager's timeout)", strategies=TORCHFT,
                                      gt=0)

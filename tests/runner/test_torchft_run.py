@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,15 +31,20 @@ cell_timeout: 180s
 """
 
 
-def test_both_torchft_strategies_run_as_replica_groups_across_the_dcs(prefix, tmp_path):
+def run_torchft(tmp_path, text: str, timeout: float) -> Path:
+    """`testbed run` of the experiment `text` (torchft's strategies): its run directory, once it exited 0."""
     try:
         import torchft  # noqa: F401
     except ImportError:
         needs.unavailable("torchft is not installed (pip install -e '.[torchft]')")
-    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
-    proc = run_cli("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"), timeout=600)
+    (tmp_path / "exp.yaml").write_text(text)
+    proc = run_cli("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"), timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = run_dir_of(tmp_path / "out")
+    return run_dir_of(tmp_path / "out")
+
+
+def test_both_torchft_strategies_run_as_replica_groups_across_the_dcs(prefix, tmp_path):
+    run_dir = run_torchft(tmp_path, EXPERIMENT, timeout=600)
     cells = sorted((run_dir / "cells").iterdir())
     assert len(cells) == 2
     for cell in cells:
@@ -85,15 +91,8 @@ def test_a_killed_dc_restarts_heals_from_a_peer_and_the_others_never_stop_longer
     later: every cell ok, the others went on without it (never stopped longer than the heartbeat timeout plus one
     step), the restarted group healed from a peer over the links and rejoined, and every rank ends with the same
     parameters."""
-    try:
-        import torchft  # noqa: F401
-    except ImportError:
-        needs.unavailable("torchft is not installed (pip install -e '.[torchft]')")
     heartbeat_ms = 1000
-    (tmp_path / "exp.yaml").write_text(THREE_DCS.replace("STEPS", "120").replace("HEARTBEAT", str(heartbeat_ms)))
-    proc = run_cli("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = run_dir_of(tmp_path / "out")
+    run_dir = run_torchft(tmp_path, THREE_DCS.replace("STEPS", "120").replace("HEARTBEAT", str(heartbeat_ms)), timeout=900)
     for cell in sorted((run_dir / "cells").iterdir()):
         result = json.loads((cell / "result.json").read_text())
         assert result["status"] == "ok", result["reason"]
@@ -149,14 +148,7 @@ def test_a_dc_cut_off_under_a_majority_quorum_waits_rejoins_is_healed_and_no_rep
     inside an outer sync's all-reduce every group waits in it past the partition (TCP's retransmission backoff
     included). Either way north is in no quorum without a peer and every replica ends equal, which result.json,
     summary.csv and the report all say."""
-    try:
-        import torchft  # noqa: F401
-    except ImportError:
-        needs.unavailable("torchft is not installed (pip install -e '.[torchft]')")
-    (tmp_path / "exp.yaml").write_text(PARTITION)
-    proc = run_cli("run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out"), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = run_dir_of(tmp_path / "out")
+    run_dir = run_torchft(tmp_path, PARTITION, timeout=600)
     (cell,) = sorted((run_dir / "cells").iterdir())
     result = json.loads((cell / "result.json").read_text())
     assert result["status"] == "ok", result["reason"]
