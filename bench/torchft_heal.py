@@ -3,9 +3,9 @@
 Two DCs of one node, torchft-diloco (its survivors stay off the link between outer steps, so the heal's fetch has it
 to itself), west killed at step 30 and started again 1 s later: it fetches east's whole state (the model, AdamW's
 two moments, DiLoCo's global copy and outer momentum) with one HTTP GET. Per rate: heal_s (from west's start again
-to the end of the step its heal ended in), the GET's own fetch_s, the model's fetch prediction and its parts; then
-the difference between the two rates, measured and as the state over the rates says. Each point is the median of
---reps runs (one cell a rate a run).
+to the end of the step its heal ended in) in its parts, the GET's own fetch_s, the model's fetch and heal predictions
+and their parts; then the difference between the two rates, measured and as the state over the rates says. Each
+point is the median of --reps runs (one cell a rate a run).
 
 Usage: .venv/bin/python bench/torchft_heal.py [--rates 20mbit,40mbit] [--latency 5ms] [--reps 3]   (root)
 """
@@ -58,6 +58,10 @@ def run_once(rates: list[str], latency: str) -> list[dict]:
             rows.append({"rate": result["links"]["east->west"]["bandwidth"], "heal_s": heal["heal_s"],
                          "setup_s": heal["setup_s"], "fetch_s": heal["fetch_s"],
                          "fetch_predicted_s": heal["fetch_predicted_s"], "healed_bytes": heal["healed_bytes"],
+                         "heal_predicted_s": heal.get("heal_predicted_s"),
+                         **{k: heal.get(k) for k in ("before_quorum_s", "quorum_wait_s", "rest_s")},
+                         **{f"predicted {k}": v for k, v in (heal.get("heal_predicted") or {}).items()
+                            if k not in ("quorum_wait_range_s", "survivors_waiting", "setup_s", "fetch_s")},
                          **{f"predicted {k}": v for k, v in heal["fetch_predicted"].items()}})
         return rows
 
@@ -73,6 +77,7 @@ def main() -> None:
     frame = pd.DataFrame(rows).drop(columns="rep").groupby("rate").median(numeric_only=True)
     frame = frame.loc[sorted(frame.index, key=parse_rate)]  # the slowest first
     frame["fetch measured/predicted"] = frame["fetch_s"] / frame["fetch_predicted_s"]
+    frame["heal measured/predicted"] = frame["heal_s"] / frame["heal_predicted_s"]
     print(frame.round(4).to_markdown())
     slow, fast = frame.iloc[0], frame.iloc[-1]
     measured = slow["fetch_s"] - fast["fetch_s"]

@@ -175,7 +175,8 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         fitted = run_calibration(cell_dir.parent.parent)  # the run's own calibration, where it has one
         predict_heals(result["replica_groups"], testbed.topology, cell.link_params(),
                       {node.address: node.dc for node in testbed.plan.nodes}, [spec.node.dc for spec in specs],
-                      fitted.transport if fitted else Transport(), calibrated=fitted is not None)
+                      fitted.transport if fitted else Transport(), calibrated=fitted is not None,
+                      options=cell.options)
     atomic_write(cell_dir / "result.json", json.dumps(result, indent=1))
     return result
 

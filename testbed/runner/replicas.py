@@ -11,9 +11,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from testbed.model.heal import predict_fetch
-from testbed.model.network import build_network
+from testbed.model.heal import FetchPrediction, HealPrediction, predict_fetch, predict_heal
+from testbed.model.network import Network, build_network
 from testbed.model.transport import Transport
+from testbed.runner.lighthouse import JOIN_TIMEOUT_MS
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 from testbed.steplog import read_records
@@ -57,14 +58,19 @@ def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, fl
             # each step says what its process has healed so far: the heal ended inside the first step that says
             # some (torchft-ddp: the first step; DiLoCo: the step whose outer sync took the group's first quorum)
             healed = next((r for r in after if r.get("healed_bytes", 0) > 0), None)
-            heals.append({"rank": rank, "restarted_at": started,
+            killed = max((at for at, _ in outages if at <= started), default=None)
+            index = records[begin].get("replica_group")
+            group = (dc_names[index] if dc_names and index is not None and index < len(dc_names) else
+                     None if index is None else str(index))
+            heals.append({"rank": rank, "group": group, "restarted_at": started, "killed_at": killed,
                           "heal_s": healed["time"] - started if healed else None,
                           "first_step_s": after[0]["time"] - started if after else None,
                           "setup_s": records[begin].get("setup_s"),
                           "healed_at_step": healed["step"] if healed else None,
                           "fetch_s": healed.get("heal_fetch_s") if healed else None,  # the state's GET alone
                           "healed_from": healed.get("healed_from") if healed else None,  # the healthy group's node
-                          "healed_bytes": max((r.get("healed_bytes", 0) for r in after), default=0)})
+                          "healed_bytes": max((r.get("healed_bytes", 0) for r in after), default=0),
+                          **_heal_parts(started, records[begin].get("setup_s"), healed)})
     restarted = {heal["rank"] for heal in heals}
     survivor = next((rank for rank in sorted(steps) if rank not in restarted and steps[rank]), None)
     out: dict[str, Any] = {"replica_groups": len(groups), "participants_min": min(participants, default=None),
@@ -91,7 +97,32 @@ def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, fl
                                                default=None)
             out["longest_gap_s"] = max(gaps, default=None)
             out["median_step_s"] = statistics.median(r["wall_s"] for r in own) if own else None
+        out.update(_quorum_pace(own[joined[survivor]:]))
     return out
+
+
+def _heal_parts(started: float, setup_s: float | None, healed: dict | None) -> dict[str, float | None]:
+    """A heal_s in its parts, from the restarted rank's own clock: its setup, its steps before it first asked the
+    lighthouse for a quorum (before_quorum_s), the wait from that ask to the fetch's start (quorum_wait_s: the
+    lighthouse's quorum and the healthy group's), the fetch (fetch_s, beside) and the rest of the step (rest_s)."""
+    asked = healed.get("quorum_first_asked_at") if healed else None
+    fetched = healed.get("heal_fetch_at") if healed else None
+    if healed is None or setup_s is None or asked is None or fetched is None:
+        return {"before_quorum_s": None, "quorum_wait_s": None, "rest_s": None}
+    return {"before_quorum_s": asked - started - setup_s, "quorum_wait_s": fetched - asked,
+            "rest_s": healed["time"] - fetched - healed.get("heal_fetch_s", 0.0)}
+
+
+def _quorum_pace(own: list[dict]) -> dict[str, float | None]:
+    """A survivor's pace with every group in: its median step that took a quorum's commit (the Manager's step
+    advanced: every step under torchft-ddp, an outer sync under a DiLoCo; sync_step_s), the median of the others
+    (inner_step_s; None under torchft-ddp) and the median time between two such steps (quorum_period_s)."""
+    synced = [b for a, b in itertools.pairwise(own) if b.get("manager_step", 0) > a.get("manager_step", 0)]
+    inner = [r["wall_s"] for a, r in itertools.pairwise(own) if r.get("manager_step", 0) == a.get("manager_step", 0)]
+    ends = [r["time"] for r in synced]
+    return {"sync_step_s": statistics.median(r["wall_s"] for r in synced) if synced else None,
+            "inner_step_s": statistics.median(inner) if inner else None,
+            "quorum_period_s": statistics.median(b - a for a, b in itertools.pairwise(ends)) if len(ends) > 1 else None}
 
 
 def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: list[str]) -> dict[str, Any]:
@@ -135,10 +166,13 @@ def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: l
 
 def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, LinkParams],
                   dc_of_address: dict[str, str], dc_of_rank: list[str], transport: Transport,
-                  calibrated: bool) -> None:
+                  calibrated: bool, options: dict[str, Any]) -> None:
     """Beside each heal that fetched a state, testbed.model.heal's prediction of that fetch (`fetch_predicted_s`,
     and its parts) from the state's size and the path from the healthy group's DC to the healed one's, with the
-    cell's links; `fetch_transport` says whether the transport's fitted constants or its first guesses were used."""
+    cell's links (`fetch_transport` says whether the transport's fitted constants or its first guesses were used);
+    and of the whole heal (`heal_predicted_s`, its parts and the range its quorum wait spans) from that fetch, the
+    lighthouse's timeouts, the strategy's steps before a quorum and the survivors' measured pace and the heal's
+    measured setup_s (`options`: the cell's workload options)."""
     network = build_network(topology, links)
     names = [dc.name for dc in topology.dcs]
     for heal in figures.get("heals", []):
@@ -155,3 +189,34 @@ def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, 
                      "fetch_predicted": {"handshake_s": fetch.handshake_s, "transfer_s": fetch.transfer_s,
                                          "copies_s": fetch.copies_s},
                      "fetch_transport": "calibrated" if calibrated else "first guesses"})
+        whole = _predict_whole(heal, fetch, figures, network, dst, options)
+        if whole is not None:
+            heal.update({"heal_predicted_s": whole.total_s, "heal_predicted": {
+                "setup_s": whole.setup_s, "before_quorum_s": whole.before_quorum_s, "quorum_wait_s": whole.quorum_wait_s,
+                "fetch_s": whole.fetch_s, "rest_s": whole.rest_s, "quorum_wait_range_s": [whole.wait_low_s, whole.wait_high_s],
+                "survivors_waiting": whole.survivors_waiting}})
+
+
+def _predict_whole(heal: dict[str, Any], fetch: FetchPrediction, figures: dict[str, Any], network: Network, dc: int,
+                   options: dict[str, Any]) -> HealPrediction | None:
+    """testbed.model.heal.predict_heal for one heal (None where a figure it needs is missing: no survivor's pace,
+    no setup_s or kill time)."""
+    sync, period = figures.get("sync_step_s"), figures.get("quorum_period_s")
+    if heal.get("setup_s") is None or heal.get("killed_at") is None or sync is None or period is None:
+        return None
+    strategy = options.get("strategy", "")
+    if strategy == "torchft-ddp":  # the quorum is asked for at the step's start, the step follows the heal
+        before, rest = 0.0, sync
+    else:  # a DiLoCo asks in the hook of a sync's inner step, less the fragment's delay
+        inner = figures.get("inner_step_s") or 0.0
+        fragments = int(options.get("fragments") or 1) if strategy == "torchft-streaming-diloco" else 1
+        delay = int(options.get("fragment_sync_delay") or 0) if strategy == "torchft-streaming-diloco" else 0
+        before = (int(options.get("inner_steps") or 1) // fragments - delay) * inner
+        rest = max(0.0, sync - inner) if delay == 0 else 0.0  # with a delay its all-reduce is waited steps later
+    there, back = network.path(dc, 0), network.path(0, dc)  # the lighthouse: the first DC's first node
+    rtt = (there.latency + back.latency) if dc != 0 and there is not None and back is not None else 0.0
+    asked = heal["restarted_at"] + heal["setup_s"] + before - heal["killed_at"]
+    return predict_heal(fetch, setup_s=heal["setup_s"], before_quorum_s=before, quorum_period_s=period, rest_s=rest,
+                        asked_after_kill_s=asked,
+                        heartbeat_timeout_s=int(options.get("heartbeat_timeout_ms") or 5000) / 1000,
+                        join_timeout_s=JOIN_TIMEOUT_MS / 1000, lighthouse_rtt_s=rtt)

@@ -70,9 +70,10 @@ def node_transport(address: str, timeout: timedelta):  # -> torchft's HTTPTransp
             return f"http://{host}:{port}/checkpoint/"
 
         def recv_checkpoint(self, src_rank, metadata, step, timeout):  # timed: what testbed.model.heal predicts
-            begun = time.perf_counter()
+            at, begun = time.time(), time.perf_counter()
             state = super().recv_checkpoint(src_rank, metadata, step, timeout)
-            self.fetches.append({"s": time.perf_counter() - begun, "from": urllib.parse.urlsplit(metadata).hostname})
+            self.fetches.append({"s": time.perf_counter() - begun, "at": at,
+                                 "from": urllib.parse.urlsplit(metadata).hostname})
             return state
 
     transport = NodeHTTPTransport(timeout=timeout, num_chunks=0)
@@ -108,7 +109,20 @@ class ReplicaGroup(Strategy):
             lighthouse_addr=os.environ[rankenv.TORCHFT_LIGHTHOUSE], timeout=timeout, quorum_timeout=timeout,
             connect_timeout=timeout)
         self._count_heals()
+        self._time_first_ask()
         self.after_manager()
+
+    def _time_first_ask(self) -> None:
+        """When this process first asked the lighthouse for a quorum (epoch seconds): a heal's wait starts there."""
+        ask = self.manager.start_quorum
+        self.first_ask: float | None = None
+
+        def timed(*args, **kwargs):
+            if self.first_ask is None:
+                self.first_ask = time.time()
+            return ask(*args, **kwargs)
+
+        self.manager.start_quorum = timed  # type: ignore[method-assign]
 
     def _count_heals(self) -> None:
         """State torchft's classes register with the Manager (DiLoCo: each fragment's global copy and outer
@@ -163,6 +177,8 @@ class ReplicaGroup(Strategy):
         return {"participants": m.num_participants(), "manager_step": m.current_step(),
                 "replica_groups": self.ctx.layout.num_dcs, "healed_bytes": self.healed_bytes,
                 "heal_fetch_s": sum(f["s"] for f in self.transport.fetches),
+                "heal_fetch_at": self.transport.fetches[0]["at"] if self.transport.fetches else None,
+                "quorum_first_asked_at": self.first_ask,
                 "healed_from": self.transport.fetches[-1]["from"] if self.transport.fetches else None}
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
