@@ -59,7 +59,7 @@ def run_once(rates: list[str], latency: str) -> list[dict]:
                          "setup_s": heal["setup_s"], "fetch_s": heal["fetch_s"],
                          "fetch_predicted_s": heal["fetch_predicted_s"], "healed_bytes": heal["healed_bytes"],
                          "heal_predicted_s": heal.get("heal_predicted_s"),
-                         **{k: heal.get(k) for k in ("before_quorum_s", "quorum_wait_s", "rest_s")},
+                         **{k: heal.get(k) for k in ("before_quorum_s", "quorum_wait_s", "reconfigure_s", "rest_s")},
                          **{f"predicted {k}": v for k, v in (heal.get("heal_predicted") or {}).items()
                             if k not in ("quorum_wait_range_s", "survivors_waiting", "setup_s", "fetch_s")},
                          **{f"predicted {k}": v for k, v in heal["fetch_predicted"].items()}})

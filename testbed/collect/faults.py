@@ -95,7 +95,7 @@ def replica_parts(figures: dict[str, Any]) -> list[str]:
 
 def heal_part(heal: dict[str, Any]) -> str:
     """A restarted group's heal for the Reading: measured, and the cost model's prediction beside it in the same
-    parts (setup, its own steps, the quorum's wait, the fetch, the step's rest)."""
+    parts (setup, its own steps, the quorum's wait, the new quorum's process group, the fetch, the step's rest)."""
     who = heal.get("group") or f"rank {heal['rank']}"
     text = f"{who} healed in {heal['heal_s']:.2f} s"
     if heal.get("healed_bytes"):
@@ -103,12 +103,10 @@ def heal_part(heal: dict[str, Any]) -> str:
     predicted = heal.get("heal_predicted")
     if heal.get("heal_predicted_s") is None or not predicted:
         return text
-    names = (("setup_s", "setup"), ("before_quorum_s", "own steps"), ("quorum_wait_s", "quorum"), ("fetch_s", "fetch"),
-             ("rest_s", "rest"))
-    measured = {"setup_s": heal.get("setup_s"), "before_quorum_s": heal.get("before_quorum_s"),
-                "quorum_wait_s": heal.get("quorum_wait_s"), "fetch_s": heal.get("fetch_s"), "rest_s": heal.get("rest_s")}
-    pairs = ", ".join(f"{label} {measured[key]:.2f}/{predicted[key]:.2f}" if measured[key] is not None else
-                      f"{label} -/{predicted[key]:.2f}" for key, label in names)
+    names = (("setup_s", "setup"), ("before_quorum_s", "own steps"), ("quorum_wait_s", "quorum"),
+             ("reconfigure_s", "process group"), ("fetch_s", "fetch"), ("rest_s", "rest"))
+    pairs = ", ".join(f"{label} {heal[key]:.2f}/{predicted[key]:.2f}" if heal.get(key) is not None else
+                      f"{label} -/{predicted[key]:.2f}" for key, label in names if key in predicted)
     low, high = predicted["quorum_wait_range_s"]
     return (text + f" (predicted {heal['heal_predicted_s']:.2f} s, measured/predicted s: {pairs}; the quorum's wait "
             f"can fall from {low:.2f} to {high:.2f} s)")

@@ -52,6 +52,7 @@ class HealPrediction:
     setup_s: float  # its model, optimizer and Manager: the cell's measured figure (the model has no term for it)
     before_quorum_s: float  # its own steps before it first asks for a quorum
     quorum_wait_s: float  # until the lighthouse grants a quorum with a healthy group in it, and the answer's trip
+    reconfigure_s: float  # the new quorum's process group built across the groups, before the fetch (measured)
     fetch_s: float  # predict_fetch's total
     rest_s: float  # the rest of the step the heal ended in
     wait_low_s: float
@@ -61,7 +62,7 @@ class HealPrediction:
 
 
 def predict_heal(fetch: FetchPrediction, *, setup_s: float, before_quorum_s: float, quorum_period_s: float,
-                 rest_s: float, asked_after_kill_s: float, heartbeat_timeout_s: float, join_timeout_s: float,
+                 rest_s: float, reconfigure_s: float, asked_after_kill_s: float, heartbeat_timeout_s: float, join_timeout_s: float,
                  lighthouse_rtt_s: float) -> HealPrediction:
     """A restarted group's heal_s under torchft 0.2.0's lighthouse (its quorum_compute: a quorum holding every
     group of the previous one is granted at once; else one of at least min_replicas and more than half of the groups
@@ -74,13 +75,15 @@ def predict_heal(fetch: FetchPrediction, *, setup_s: float, before_quorum_s: flo
       it then, or `join_timeout_s` after they joined (taken as the kill: they ask within a step of it).
     - Later, the survivors have gone on in quorums of their own, the previous quorum is theirs, and the new group
       waits for their next ask: anywhere in their quorum period (`quorum_period_s`), its middle expected.
-    Then the lighthouse's answer (`lighthouse_rtt_s`: the group's round trip to it), the fetch and the step's rest."""
+    Then the lighthouse's answer (`lighthouse_rtt_s`: the group's round trip to it), the new quorum's process group
+    (`reconfigure_s`: gloo's rendezvous and connections across the groups, which torchft builds before the fetch; the
+    cell's measured figure, as setup_s), the fetch and the step's rest."""
     waiting = asked_after_kill_s < heartbeat_timeout_s
     if waiting:
         low = high = max(0.0, join_timeout_s - asked_after_kill_s)
     else:
         low, high = 0.0, quorum_period_s
     wait = (low + high) / 2 + lighthouse_rtt_s
-    total = setup_s + before_quorum_s + wait + fetch.total_s + rest_s
-    return HealPrediction(setup_s, before_quorum_s, wait, fetch.total_s, rest_s, low + lighthouse_rtt_s,
+    total = setup_s + before_quorum_s + wait + reconfigure_s + fetch.total_s + rest_s
+    return HealPrediction(setup_s, before_quorum_s, wait, reconfigure_s, fetch.total_s, rest_s, low + lighthouse_rtt_s,
                           high + lighthouse_rtt_s, waiting, total)

@@ -70,7 +70,8 @@ def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, fl
                           "fetch_s": healed.get("heal_fetch_s") if healed else None,  # the state's GET alone
                           "healed_from": healed.get("healed_from") if healed else None,  # the healthy group's node
                           "healed_bytes": max((r.get("healed_bytes", 0) for r in after), default=0),
-                          **_heal_parts(started, records[begin].get("setup_s"), healed)})
+                          **_heal_parts(started, records[begin].get("setup_s"), healed,
+                                        after[:after.index(healed) + 1] if healed else [])})
     restarted = {heal["rank"] for heal in heals}
     survivor = next((rank for rank in sorted(steps) if rank not in restarted and steps[rank]), None)
     out: dict[str, Any] = {"replica_groups": len(groups), "participants_min": min(participants, default=None),
@@ -101,26 +102,31 @@ def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, fl
     return out
 
 
-def _heal_parts(started: float, setup_s: float | None, healed: dict | None) -> dict[str, float | None]:
+def _heal_parts(started: float, setup_s: float | None, healed: dict | None, steps: list[dict]) -> dict[str, float | None]:
     """A heal_s in its parts, from the restarted rank's own clock: its setup, its steps before it first asked the
-    lighthouse for a quorum (before_quorum_s), the wait from that ask to the fetch's start (quorum_wait_s: the
-    lighthouse's quorum and the healthy group's), the fetch (fetch_s, beside) and the rest of the step (rest_s)."""
+    lighthouse for a quorum (before_quorum_s), the wait from that ask to the fetch's start less the new quorum's
+    process group's building (quorum_wait_s; reconfigure_s, summed over `steps`, its steps to the heal's), the fetch
+    (fetch_s, beside) and the rest of the step (rest_s)."""
     asked = healed.get("quorum_first_asked_at") if healed else None
     fetched = healed.get("heal_fetch_at") if healed else None
     if healed is None or setup_s is None or asked is None or fetched is None:
-        return {"before_quorum_s": None, "quorum_wait_s": None, "rest_s": None}
-    return {"before_quorum_s": asked - started - setup_s, "quorum_wait_s": fetched - asked,
-            "rest_s": healed["time"] - fetched - healed.get("heal_fetch_s", 0.0)}
+        return {"before_quorum_s": None, "quorum_wait_s": None, "reconfigure_s": None, "rest_s": None}
+    reconfigure = sum(r.get("pg_configure_s") or 0.0 for r in steps)
+    return {"before_quorum_s": asked - started - setup_s, "quorum_wait_s": fetched - asked - reconfigure,
+            "reconfigure_s": reconfigure, "rest_s": healed["time"] - fetched - healed.get("heal_fetch_s", 0.0)}
 
 
 def _quorum_pace(own: list[dict]) -> dict[str, float | None]:
-    """A survivor's pace with every group in: its median step that took a quorum's commit (the Manager's step
-    advanced: every step under torchft-ddp, an outer sync under a DiLoCo; sync_step_s), the median of the others
-    (inner_step_s; None under torchft-ddp) and the median time between two such steps (quorum_period_s)."""
+    """A survivor's pace from every group's first quorum on: its median step that took a quorum's commit (the
+    Manager's step advanced: every step under torchft-ddp, an outer sync under a DiLoCo; sync_step_s), the median of
+    the others (inner_step_s; None under torchft-ddp), the median time between two such steps (quorum_period_s) and
+    its median building of a new quorum's process group (reconfigure_s: at the kill, at the rejoin)."""
     synced = [b for a, b in itertools.pairwise(own) if b.get("manager_step", 0) > a.get("manager_step", 0)]
     inner = [r["wall_s"] for a, r in itertools.pairwise(own) if r.get("manager_step", 0) == a.get("manager_step", 0)]
     ends = [r["time"] for r in synced]
-    return {"sync_step_s": statistics.median(r["wall_s"] for r in synced) if synced else None,
+    built = [r["pg_configure_s"] for r in own if r.get("pg_configure_s")]
+    return {"reconfigure_s": statistics.median(built) if built else None,
+            "sync_step_s": statistics.median(r["wall_s"] for r in synced) if synced else None,
             "inner_step_s": statistics.median(inner) if inner else None,
             "quorum_period_s": statistics.median(b - a for a, b in itertools.pairwise(ends)) if len(ends) > 1 else None}
 
@@ -171,8 +177,8 @@ def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, 
     and its parts) from the state's size and the path from the healthy group's DC to the healed one's, with the
     cell's links (`fetch_transport` says whether the transport's fitted constants or its first guesses were used);
     and of the whole heal (`heal_predicted_s`, its parts and the range its quorum wait spans) from that fetch, the
-    lighthouse's timeouts, the strategy's steps before a quorum and the survivors' measured pace and the heal's
-    measured setup_s (`options`: the cell's workload options)."""
+    lighthouse's timeouts, the strategy's steps before a quorum, and what the machine measured: the survivors' pace and
+    their building of a quorum's process group, the heal's setup_s (`options`: the cell's workload options)."""
     network = build_network(topology, links)
     names = [dc.name for dc in topology.dcs]
     for heal in figures.get("heals", []):
@@ -193,8 +199,8 @@ def predict_heals(figures: dict[str, Any], topology: Topology, links: dict[str, 
         if whole is not None:
             heal.update({"heal_predicted_s": whole.total_s, "heal_predicted": {
                 "setup_s": whole.setup_s, "before_quorum_s": whole.before_quorum_s, "quorum_wait_s": whole.quorum_wait_s,
-                "fetch_s": whole.fetch_s, "rest_s": whole.rest_s, "quorum_wait_range_s": [whole.wait_low_s, whole.wait_high_s],
-                "survivors_waiting": whole.survivors_waiting}})
+                "reconfigure_s": whole.reconfigure_s, "fetch_s": whole.fetch_s, "rest_s": whole.rest_s,
+                "quorum_wait_range_s": [whole.wait_low_s, whole.wait_high_s], "survivors_waiting": whole.survivors_waiting}})
 
 
 def _predict_whole(heal: dict[str, Any], fetch: FetchPrediction, figures: dict[str, Any], network: Network, dc: int,
@@ -217,6 +223,7 @@ def _predict_whole(heal: dict[str, Any], fetch: FetchPrediction, figures: dict[s
     rtt = (there.latency + back.latency) if dc != 0 and there is not None and back is not None else 0.0
     asked = heal["restarted_at"] + heal["setup_s"] + before - heal["killed_at"]
     return predict_heal(fetch, setup_s=heal["setup_s"], before_quorum_s=before, quorum_period_s=period, rest_s=rest,
+                        reconfigure_s=figures.get("reconfigure_s") or 0.0,
                         asked_after_kill_s=asked,
                         heartbeat_timeout_s=int(options.get("heartbeat_timeout_ms") or 5000) / 1000,
                         join_timeout_s=JOIN_TIMEOUT_MS / 1000, lighthouse_rtt_s=rtt)

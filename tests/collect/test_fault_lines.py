@@ -82,9 +82,10 @@ def test_a_strategy_whose_replicas_ended_apart_is_never_the_fastest():
 
 def test_a_heal_reads_measured_against_predicted_part_by_part():
     heal = {"rank": 1, "group": "west", "heal_s": 2.61, "healed_bytes": 4.74e6, "healed_from_dc": "east",
-            "setup_s": 1.0, "before_quorum_s": 0.41, "quorum_wait_s": 0.5, "fetch_s": 0.52, "rest_s": 0.18,
-            "heal_predicted_s": 2.55, "heal_predicted": {"setup_s": 1.0, "before_quorum_s": 0.4, "quorum_wait_s": 0.31,
-                                                         "fetch_s": 0.64, "rest_s": 0.2,
+            "setup_s": 1.0, "before_quorum_s": 0.41, "quorum_wait_s": 0.3, "reconfigure_s": 0.2, "fetch_s": 0.52,
+            "rest_s": 0.18, "heal_predicted_s": 2.55,
+            "heal_predicted": {"setup_s": 1.0, "before_quorum_s": 0.4, "quorum_wait_s": 0.31, "reconfigure_s": 0.19,
+                               "fetch_s": 0.64, "rest_s": 0.2,
                                                          "quorum_wait_range_s": [0.01, 0.61]}}
     unpredicted = {"rank": 2, "group": "north", "heal_s": 0.7, "healed_bytes": 0}
     figures = {"replica_groups": 3, "participants_min": 2, "degraded_steps": 4, "params_agree": True,
@@ -93,5 +94,5 @@ def test_a_heal_reads_measured_against_predicted_part_by_part():
     assert line == (
         "Cell `kill`: the quorum fell to 2 of 3 replica groups for 4 step(s); every group ended with the same "
         "parameters; west healed in 2.61 s, 4.7 MB from east (predicted 2.55 s, measured/predicted s: setup "
-        "1.00/1.00, own steps 0.41/0.40, quorum 0.50/0.31, fetch 0.52/0.64, rest 0.18/0.20; the quorum's wait can "
+        "1.00/1.00, own steps 0.41/0.40, quorum 0.30/0.31, process group 0.20/0.19, fetch 0.52/0.64, rest 0.18/0.20; the quorum's wait can "
         "fall from 0.01 to 0.61 s); north healed in 0.70 s.")

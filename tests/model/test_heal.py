@@ -62,17 +62,18 @@ def test_the_runner_puts_the_prediction_beside_each_heal_from_the_healthy_groups
 
 def test_a_group_back_after_the_heartbeat_lapsed_waits_for_the_survivors_next_quorum_anywhere_in_their_period():
     fetch = predict_fetch(STATE, 0.005, 0.005, 100e6, Transport())
-    heal = predict_heal(fetch, setup_s=1.5, before_quorum_s=0.8, quorum_period_s=1.2, rest_s=0.3,
+    heal = predict_heal(fetch, setup_s=1.5, before_quorum_s=0.8, quorum_period_s=1.2, rest_s=0.3, reconfigure_s=0.2,
                         asked_after_kill_s=4.0, heartbeat_timeout_s=1.0, join_timeout_s=1.0, lighthouse_rtt_s=0.01)
     assert not heal.survivors_waiting
     assert (heal.wait_low_s, heal.wait_high_s) == pytest.approx((0.01, 1.21))
     assert heal.quorum_wait_s == pytest.approx(0.61)  # the middle of the period, and the lighthouse's answer
-    assert heal.total_s == pytest.approx(1.5 + 0.8 + 0.61 + fetch.total_s + 0.3)
+    assert heal.total_s == pytest.approx(1.5 + 0.8 + 0.61 + 0.2 + fetch.total_s + 0.3)
 
 
 def test_a_group_back_before_the_heartbeat_lapsed_completes_the_survivors_waiting_quorum_at_the_join_timeout():
     fetch = predict_fetch(STATE, 0.005, 0.005, 100e6, Transport())
-    common = {"setup_s": 1.0, "before_quorum_s": 0.0, "quorum_period_s": 5.0, "rest_s": 0.1, "heartbeat_timeout_s": 5.0,
+    common = {"setup_s": 1.0, "before_quorum_s": 0.0, "quorum_period_s": 5.0, "rest_s": 0.1, "reconfigure_s": 0.0,
+              "heartbeat_timeout_s": 5.0,
               "join_timeout_s": 2.0, "lighthouse_rtt_s": 0.0}
     early, late = (predict_heal(fetch, asked_after_kill_s=asked, **common) for asked in (1.5, 3.0))
     assert early.survivors_waiting and late.survivors_waiting
@@ -93,7 +94,7 @@ def test_a_measured_heal_is_cut_into_its_parts_and_the_whole_predicted_beside_fr
         wall = 0.3 if (i + 1) % 4 == 0 else 0.1
         t += wall
         east.append({"event": "step", "step": i, "rank": 0, "time": t, "wall_s": wall, "manager_step": (i + 1) // 4,
-                     "participants": 1 if 10 < t < 15 else 2})
+                     "participants": 1 if 10 < t < 15 else 2, "pg_configure_s": 0.15 if i in (36, 52) else 0.0})
     west = [{"event": "start", "rank": 1, "time": 0.0, "replica_group": 1, "setup_s": 1.0},
             {"event": "step", "step": 0, "rank": 1, "time": 1.1, "wall_s": 0.1, "participants": 2},
             {"event": "start", "rank": 1, "time": 12.0, "replica_group": 1, "setup_s": 1.0}]
@@ -101,14 +102,16 @@ def test_a_measured_heal_is_cut_into_its_parts_and_the_whole_predicted_beside_fr
              for i in range(3)]
     west.append({"event": "step", "step": 3, "rank": 1, "time": 14.6, "wall_s": 1.3, "participants": 2,
                  "healed_bytes": STATE, "healed_from": "198.18.0.10", "heal_fetch_s": 0.5, "heal_fetch_at": 13.9,
-                 "quorum_first_asked_at": 13.4})
+                 "quorum_first_asked_at": 13.4, "pg_configure_s": 0.2})
     for rank, records in enumerate((east, west)):
         (tmp_path / f"rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     figures = replica_figures(tmp_path, 2, [(10.0, 11.0)], ["east", "west"])
     (heal,) = figures["heals"]
     assert heal["killed_at"] == 10.0 and heal["heal_s"] == pytest.approx(2.6)
-    assert (heal["before_quorum_s"], heal["quorum_wait_s"], heal["rest_s"]) == pytest.approx((0.4, 0.5, 0.2))
-    assert (figures["sync_step_s"], figures["inner_step_s"], figures["quorum_period_s"]) == pytest.approx((0.3, 0.1, 0.6))
+    assert (heal["before_quorum_s"], heal["quorum_wait_s"], heal["reconfigure_s"], heal["rest_s"]) == pytest.approx(
+        (0.4, 0.3, 0.2, 0.2))
+    assert (figures["sync_step_s"], figures["inner_step_s"], figures["quorum_period_s"], figures["reconfigure_s"]) == \
+        pytest.approx((0.3, 0.1, 0.6, 0.15))
     topology = validate_data(Topology, {"name": "two", "dcs": [{"name": "east", "nodes": 1}, {"name": "west", "nodes": 1}],
                                         "links": [{"between": ["east", "west"], "latency": "5ms",
                                                    "bandwidth": "100mbit"}]}, "t.yaml")
@@ -120,7 +123,9 @@ def test_a_measured_heal_is_cut_into_its_parts_and_the_whole_predicted_beside_fr
     # its 4 inner steps, the middle of east's 0.6 s period and the lighthouse's answer from east, the sync's rest
     assert part["before_quorum_s"] == pytest.approx(0.4) and part["rest_s"] == pytest.approx(0.2)
     assert part["quorum_wait_s"] == pytest.approx(0.3 + 0.010) and not part["survivors_waiting"]
-    assert heal["heal_predicted_s"] == pytest.approx(1.0 + 0.4 + 0.31 + heal["fetch_predicted_s"] + 0.2)
+    # east's own building of a quorum's process group (at the kill and the rejoin) stands for west's
+    assert part["reconfigure_s"] == pytest.approx(0.15)
+    assert heal["heal_predicted_s"] == pytest.approx(1.0 + 0.4 + 0.31 + 0.15 + heal["fetch_predicted_s"] + 0.2)
     # torchft-ddp asks at its step's start and the step follows the heal
     predict_heals(figures, topology, links, {"198.18.0.10": "east"}, ["east", "west"], Transport(), calibrated=False,
                   options=options | {"strategy": "torchft-ddp"})

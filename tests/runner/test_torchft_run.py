@@ -113,6 +113,10 @@ def test_a_killed_dc_restarts_heals_from_a_peer_and_the_others_never_stop_longer
         copies = 3 if result["cell"]["options"]["strategy"] == "torchft-ddp" else 5
         assert heal["rank"] == 2 and heal["heal_s"] > 0, figures
         assert copies * 4 * parameters <= heal["healed_bytes"] < copies * 4 * parameters + 4096, (copies, figures)
+        # the heal in its parts on the rank's own clock, and the model's whole heal beside in the same parts
+        parts = [heal[k] for k in ("setup_s", "before_quorum_s", "quorum_wait_s", "reconfigure_s", "fetch_s", "rest_s")]
+        assert all(part >= 0 for part in parts) and sum(parts) == pytest.approx(heal["heal_s"], abs=1e-6), heal
+        assert heal["heal_predicted_s"] > heal["fetch_predicted_s"] > 0, heal
         assert all(r[-1]["event"] == "end" for r in records.values())
         steps = [r for r in records[0] if r["event"] == "step"]
         assert steps[-1]["participants"] == 3, steps[-1]  # north rejoined

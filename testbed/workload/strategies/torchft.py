@@ -101,8 +101,10 @@ class ReplicaGroup(Strategy):
         self.healed_bytes = 0
         node = os.environ.get(rankenv.NODE_ADDRESS, host)  # where its servers are reached: its node's address
         self.transport = node_transport(node, timeout)
+        pg = ProcessGroupGloo(timeout=timeout)
+        self._time_configures(pg)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=ctx.opts.min_replicas, use_async_quorum=self.use_async_quorum,
+            pg=pg, min_replica_size=ctx.opts.min_replicas, use_async_quorum=self.use_async_quorum,
             load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
             hostname=node, checkpoint_transport=self.transport,
             store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
@@ -111,6 +113,21 @@ class ReplicaGroup(Strategy):
         self._count_heals()
         self._time_first_ask()
         self.after_manager()
+
+    def _time_configures(self, pg) -> None:
+        """How long each new quorum's process group took to build across the groups (gloo's rendezvous through the
+        quorum's store and its connections: torchft does it before a heal's fetch), summed per step."""
+        configure = pg.configure
+        self.configure_s = 0.0
+
+        def timed(*args, **kwargs):
+            begun = time.perf_counter()
+            try:
+                return configure(*args, **kwargs)
+            finally:
+                self.configure_s += time.perf_counter() - begun
+
+        pg.configure = timed  # type: ignore[method-assign]
 
     def _time_first_ask(self) -> None:
         """When this process first asked the lighthouse for a quorum (epoch seconds): a heal's wait starts there."""
@@ -174,7 +191,8 @@ class ReplicaGroup(Strategy):
 
     def quorum(self) -> dict:
         m = self.manager
-        return {"participants": m.num_participants(), "manager_step": m.current_step(),
+        configured, self.configure_s = self.configure_s, 0.0
+        return {"participants": m.num_participants(), "pg_configure_s": configured, "manager_step": m.current_step(),
                 "replica_groups": self.ctx.layout.num_dcs, "healed_bytes": self.healed_bytes,
                 "heal_fetch_s": sum(f["s"] for f in self.transport.fetches),
                 "heal_fetch_at": self.transport.fetches[0]["at"] if self.transport.fetches else None,
