@@ -11,7 +11,7 @@ from testbed import rankenv
 
 PACKAGE = Path(__file__).resolve().parents[1]
 PASS_ENV = (rankenv.PREFIX, "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GLOO_",
-            "NCCL_", "OMP_", "PYTHONUNBUFFERED", "TORCH_", "CUDA_VISIBLE_DEVICES")
+            "NCCL_", "OMP_", "PYTHONUNBUFFERED", "TORCH_", "TORCHFT_", "CUDA_VISIBLE_DEVICES")  # TORCHFT_: its lighthouse
 
 
 def source_archive(top: str = "testbed", compress: bool = True) -> bytes:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from testbed import rankenv
+from testbed.agents import lighthouse as lighthouse_agent
 from testbed.fabric.lifecycle import Testbed
 from testbed.plan.network import NetworkPlan
 from testbed.runner.ranks import RankSpec
 from testbed.spec.strategies import TORCHFT
 
-PROGRAM = "torchft_lighthouse"  # torchft's console script (its Rust lighthouse), beside this interpreter
+AGENT = lighthouse_agent.__name__  # torchft's console script beside the node's own interpreter, on every backend
 JOIN_TIMEOUT_MS = 1000  # how long a quorum waits for more groups once min_replicas have joined
 QUORUM_TICK_MS = 100
 
@@ -34,7 +35,7 @@ QUORUM_TICK_MS = 100
 def lighthouse_argv(port: int, min_replicas: int = 1, heartbeat_timeout_ms: int = 5000,
                     join_timeout_ms: int = JOIN_TIMEOUT_MS) -> list[str]:
     """The lighthouse's command line: on every address of its node at `port`."""
-    return [str(Path(sys.executable).parent / PROGRAM), "--min_replicas", str(min_replicas), "--bind",
+    return [sys.executable, "-m", AGENT, "--min_replicas", str(min_replicas), "--bind",
             f"[::]:{port}", "--join_timeout_ms", str(join_timeout_ms), "--quorum_tick_ms", str(QUORUM_TICK_MS),
             "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)]
 

@@ -95,3 +95,25 @@ def test_ctrl_c_during_up_removes_what_was_created(prefix, docker_image):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert labelled(prefix) == []
+
+
+
+def test_torchft_replica_groups_and_their_lighthouse_run_in_the_containers(prefix, docker_image, tmp_path):
+    """The lighthouse starts in east-0's container with the container's own torchft (testbed.agents.lighthouse:
+    the controller's path to it names nothing there); both groups train in every quorum and end equal."""
+    from tests.runner.test_torchft_run import EXPERIMENT
+
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT.replace("nodes: 2", "nodes: 1"))  # torchft-ddp and -diloco
+    proc = run_cli("run", str(tmp_path / "exp.yaml"), "--backend", "docker", "--image", docker_image,
+                   "--out", str(tmp_path / "out"), timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cells = sorted((tmp_path / "out").glob("tiny/*/cells/*"))
+    assert len(cells) == 2
+    for cell in cells:
+        result = json.loads((cell / "result.json").read_text())
+        assert result["status"] == "ok" and result["world"] == 2, result["reason"]
+        assert "listening" in (cell / "logs" / "lighthouse.log").read_text().lower()
+        figures = result["replica_groups"]
+        assert figures["replica_groups"] == 2 and figures["participants_min"] == 2 and figures["params_agree"], figures
+        assert all(counts["tx_bytes"] > 0 for counts in result["link_bytes"].values()), result["link_bytes"]
+    assert labelled(prefix) == []

@@ -154,6 +154,33 @@ def test_quickstart_runs_across_hosts_and_leaves_them_as_they_were(lab, tmp_path
     assert_restored(hosts, ssh_prefix, before)
 
 
+
+@pytest.mark.timeout(600)
+def test_torchft_replica_groups_and_their_lighthouse_run_on_the_hosts(lab, tmp_path):
+    """torchft-ddp across the four hosts (two DCs of two): the lighthouse starts on east's first host with that
+    host's own interpreter and torchft (testbed.agents.lighthouse), its address reaches every rank (TORCHFT_
+    crosses with the env contract: before, it did not and every rank failed), both groups are in every quorum and
+    end equal, and the hosts are as they were."""
+    from tests.runner.test_torchft_run import EXPERIMENT
+
+    hosts, env, ssh_prefix = lab
+    before = snapshot(hosts, ssh_prefix)
+    ddp = "\n".join(line for line in EXPERIMENT.splitlines() if "torchft-diloco" not in line) + "\n"
+    (tmp_path / "exp.yaml").write_text(ddp)
+    proc = hosts.cli(CONTROLLER, "run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "results"),
+                     *ssh_args(hosts), env=env, timeout=540)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    cells = sorted((tmp_path / "results" / "tiny").glob("*/cells/*"))
+    assert len(cells) == 1
+    for cell in cells:
+        result = json.loads((cell / "result.json").read_text())
+        assert result["status"] == "ok" and result["world"] == 4, (result["reason"], result["log_tail"])
+        assert "listening" in (cell / "logs" / "lighthouse.log").read_text().lower()
+        figures = result["replica_groups"]
+        assert figures["replica_groups"] == 2 and figures["participants_min"] == 2 and figures["params_agree"], figures
+    assert_restored(hosts, ssh_prefix, before)
+
+
 def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
