@@ -10,6 +10,7 @@ or on another host. Only the standard library.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,9 +22,9 @@ def program() -> Path:
     beside = Path(sys.executable).parent / PROGRAM
     if beside.exists():
         return beside
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        if folder and (Path(folder) / PROGRAM).exists():
-            return Path(folder) / PROGRAM
+    found = shutil.which(PROGRAM)
+    if found:
+        return Path(found)
     sys.exit(f"{PROGRAM} not found beside {sys.executable} nor on PATH: torchft is not installed here "
              "(pip install -e '.[torchft]')")
 

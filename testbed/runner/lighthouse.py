@@ -127,9 +127,14 @@ class ReplicaGroups:
             self.lighthouse.close()
 
 
+def heartbeat_timeout_ms(options: dict[str, Any]) -> int:
+    """The lighthouse's heartbeat timeout a cell's workload options ask for (the option's default where absent)."""
+    return int(options.get("heartbeat_timeout_ms") or 5000)
+
+
 def replica_groups(testbed: Testbed, options: dict[str, Any], log_dir: Path) -> ReplicaGroups | None:
     """A cell's replica groups where its strategy is one of torchft's, else None."""
     if options.get("strategy") not in TORCHFT:
         return None
-    return ReplicaGroups(testbed, int(options.get("heartbeat_timeout_ms") or 5000), log_dir / "lighthouse.log",
+    return ReplicaGroups(testbed, heartbeat_timeout_ms(options), log_dir / "lighthouse.log",
                          int(options.get("min_replicas") or 1))

@@ -14,7 +14,7 @@ from typing import Any
 from testbed.model.heal import FetchPrediction, HealPrediction, predict_fetch, predict_heal
 from testbed.model.network import Network, build_network
 from testbed.model.transport import Transport
-from testbed.runner.lighthouse import JOIN_TIMEOUT_MS
+from testbed.runner.lighthouse import JOIN_TIMEOUT_MS, heartbeat_timeout_ms
 from testbed.spec.link import LinkParams
 from testbed.spec.topology import Topology
 from testbed.steplog import read_records
@@ -60,8 +60,7 @@ def replica_figures(metrics_dir: Path, world: int, outages: list[tuple[float, fl
             healed = next((r for r in after if r.get("healed_bytes", 0) > 0), None)
             killed = max((at for at, _ in outages if at <= started), default=None)
             index = records[begin].get("replica_group")
-            group = (dc_names[index] if dc_names and index is not None and index < len(dc_names) else
-                     None if index is None else str(index))
+            group = None if index is None else _group_name(index, dc_names or [])
             heals.append({"rank": rank, "group": group, "restarted_at": started, "killed_at": killed,
                           "heal_s": healed["time"] - started if healed else None,
                           "first_step_s": after[0]["time"] - started if after else None,
@@ -131,6 +130,11 @@ def _quorum_pace(own: list[dict]) -> dict[str, float | None]:
             "quorum_period_s": statistics.median(b - a for a, b in itertools.pairwise(ends)) if len(ends) > 1 else None}
 
 
+def _group_name(index: int, dc_names: list[str]) -> str:
+    """A replica group's name: its DC's, else its index."""
+    return dc_names[index] if index < len(dc_names) else str(index)
+
+
 def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: list[str]) -> dict[str, Any]:
     """Whether every group ended with the same parameters (each rank's `end` digest; None while a rank has none)
     and which groups did not end with those most ranks hold, and each group's fewest groups in a quorum after its
@@ -138,7 +142,7 @@ def _agreement(files: dict[int, list[dict]], joined: dict[int, int], dc_names: l
     indices = {rank: next((r["replica_group"] for r in records if r.get("event") == "start"
                            and r.get("replica_group") is not None), None) for rank, records in files.items()}
     known = sorted({i for i in indices.values() if i is not None})
-    names = [dc_names[i] if i < len(dc_names) else str(i) for i in range(known[-1] + 1)] if known else []
+    names = [_group_name(i, dc_names) for i in range(known[-1] + 1)] if known else []
     group_of = {rank: None if i is None else names[i] for rank, i in indices.items()}
     last = {rank: next((r for r in reversed(records) if r.get("event") == "end"), None) for rank, records in files.items()}
     ends = {rank: end["params_sha256"] if end else None for rank, end in last.items()}
@@ -225,5 +229,5 @@ def _predict_whole(heal: dict[str, Any], fetch: FetchPrediction, figures: dict[s
     return predict_heal(fetch, setup_s=heal["setup_s"], before_quorum_s=before, quorum_period_s=period, rest_s=rest,
                         reconfigure_s=figures.get("reconfigure_s") or 0.0,
                         asked_after_kill_s=asked,
-                        heartbeat_timeout_s=int(options.get("heartbeat_timeout_ms") or 5000) / 1000,
+                        heartbeat_timeout_s=heartbeat_timeout_ms(options) / 1000,
                         join_timeout_s=JOIN_TIMEOUT_MS / 1000, lighthouse_rtt_s=rtt)
