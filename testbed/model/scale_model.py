@@ -308,6 +308,10 @@ def derive_cell(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwi
         unmatched["dcs"] = (f"full scale {s.dcs}, scale model {shape.dcs} (off by {1 - shape.dcs / s.dcs:.0%}): "
                             f"a ring of more DCs of 2 ranks costs this machine's cores more than its links; the "
                             f"rate is solved for the efficiency with the scale model's ring")
+    if s.object_store is not None and kind in DILOCOS:
+        unmatched["exchange"] = ("full scale: through object storage (one upload, the gathered payloads "
+                                 "downloaded at once); the scale model all-reduces over its ring, at the rate "
+                                 "solved for the efficiency")
     return ScaleCell(strategy.name, kind, distance / 1e3, bandwidth / 1e9, target, predicted, full, scale,
                      unmatched, data, step_s, rate, latency)
 

@@ -13,7 +13,8 @@ Two figures per point, named apart: compute utilisation (time computing / wall t
 INTELLECT-1's) and efficiency against one site (NeMo's). The single-site step here is compute at the MFU (intra-DC
 communication folded into it), so the two coincide; a scenario's `published_figures` say which one a source gave.
 DiLoCo's outer sync may carry quantised or top-k pseudo-gradients, start layer by layer during the last inner
-step's backward (testbed.model.outer), and run over a ring of replicas whose slowest hop bounds it.
+step's backward (testbed.model.outer), and run over a ring of replicas whose slowest hop bounds it, or go
+through object storage (each replica uploads once and downloads the payloads it gathers).
 """
 
 from __future__ import annotations
@@ -101,6 +102,18 @@ def _ring_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float,
     return 2 * (n - 1) * slowest
 
 
+def _object_store_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float, streams: int) -> float:
+    """The outer exchange through object storage: one upload of a replica's `nbytes` over its uplink, then
+    `gather` payloads downloaded at once over its downlink (the store's own rate unbounded), a round trip each."""
+    store = s.object_store
+    assert store is not None
+    rtt = 2 * fibre_delay(distance)
+    gather = s.dcs if store.gather is None else store.gather
+    up = _rate(s, bandwidth if store.upload is None else store.upload, rtt, streams)
+    down = _rate(s, bandwidth if store.download is None else store.download, rtt, streams * gather)
+    return nbytes / up + gather * nbytes / down + 2 * rtt
+
+
 def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwidth: float) -> Point:
     latency = fibre_delay(distance)
     rtt = 2 * latency
@@ -157,7 +170,11 @@ def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, ban
     elif kind in ("diloco", "streaming-diloco"):
         nbytes = outer_bytes(m, strategy)
         per_direction = ring_all_reduce_factor(d) * nbytes
-        if s.ring is None:
+        if s.object_store is not None:
+            outer = _object_store_seconds(s, nbytes, distance, bandwidth, n * groups * channels)
+            store = s.object_store
+            per_direction = nbytes * max(1, s.dcs if store.gather is None else store.gather)  # downloaded
+        elif s.ring is None:
             rate = _rate(s, bandwidth, rtt, n * groups * channels)  # the outer all-reduce sharded over the DC
             outer = per_direction / rate + 2 * (d - 1) * latency
         else:

@@ -141,6 +141,21 @@ class Hop(_Strict):
 
 
 
+class ObjectStore(_Strict):
+    """The replicas' outer exchange through object storage instead of an all-reduce: each uploads its
+    pseudo-gradients once over its uplink, then downloads `gather` replicas' payloads over its downlink, in
+    parallel (the store's own rate unbounded); a rate left out takes the swept inter-DC bandwidth."""
+
+    upload: float | None = None  # bits/s of a replica's uplink
+    download: float | None = None  # bits/s of a replica's downlink
+    gather: int | None = Field(None, ge=1)  # payloads a replica downloads a round (default: every replica's)
+
+    @field_validator("upload", "download", mode="before")
+    @classmethod
+    def _rates(cls, value: Any) -> float | None:
+        return None if value is None else units.parse_rate(value)
+
+
 class PublishedFigure(_Strict):
     """A published figure the model must reproduce: `metric` of `strategy` at the reference point (a fraction,
     tolerance in points of it) or the inter-DC bandwidth reaching `utilisation` (bits/s; read on the log grid
@@ -187,6 +202,7 @@ class Scenario(_Strict):
     gpu: GPU | None = None
     step_seconds: float | None = Field(None, gt=0)  # instead: the single-site step as published
     ring: list[Hop] | None = None  # the DCs (replicas) as a ring over the internet, hop i from DC i to i+1
+    object_store: ObjectStore | None = None  # or the DiLoCos' outer exchange through object storage
     parallelism: Parallelism = Parallelism()
     intra: Link
     transport: Transport = Transport()
@@ -224,6 +240,8 @@ class Scenario(_Strict):
             raise ValueError("gpu/global_batch_tokens: give both (the step from FLOPs) or step_seconds")
         if self.global_batch_tokens is None and any(s.kind.startswith("pp-across") for s in self.strategies):
             raise ValueError("global_batch_tokens: a pipeline across DCs needs it (activations per micro-batch)")
+        if self.ring is not None and self.object_store is not None:
+            raise ValueError("object_store: give a ring or an object store for the outer exchange, not both")
         if self.ring is not None and len(self.ring) != self.dcs:
             raise ValueError(f"ring: {len(self.ring)} hops for {self.dcs} DCs (one hop from each DC to the next)")
         for index, figure in enumerate(self.published_figures):

@@ -75,3 +75,38 @@ def test_a_published_figure_for_an_unknown_strategy_is_refused_naming_the_field(
     proc = subprocess.run([sys.executable, "-m", "testbed.cli", "whatif", str(path)], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and str(path) in proc.stderr and "published_figures[0].strategy" in proc.stderr
+
+
+def test_an_object_store_exchange_costs_one_upload_and_the_gathered_downloads():
+    """Covenant's exchange (its code's): the peer's upload over its uplink, then `gather` payloads fetched at once
+    over its downlink; each term moves the outer sync as its bytes over its rate say."""
+    from testbed.model.outer import outer_bytes
+
+    s = scenario("covenant-72b")
+    strategy = s.strategies[0]
+    up, h = 110e6, strategy.inner_steps
+    nbytes = outer_bytes(s.model, strategy)
+
+    def outer(**store) -> float:
+        changed = s.model_copy(update={"object_store": s.object_store.model_copy(update=store)})
+        return evaluate_point(changed, strategy, 1e3, up).exposed_s * h
+
+    base = outer()
+    assert base == pytest.approx(nbytes * 8 / up + 20 * nbytes * 8 / 500e6, rel=1e-3)
+    assert base - outer(gather=10) == pytest.approx(10 * nbytes * 8 / 500e6, rel=1e-3)
+    assert base - outer(download=1e9) == pytest.approx(20 * nbytes * 8 / 1e9, rel=1e-3)
+    assert base - outer(upload=220e6) == pytest.approx(nbytes * 8 / 220e6, rel=1e-3)
+    # the code's payload: 2-bit values and 12-bit indices of 1.5625 % of the values, 146x against fp32
+    assert s.model.parameters * 4 / nbytes == pytest.approx(146.3, rel=1e-3)
+
+
+def test_a_ring_and_an_object_store_together_are_refused(tmp_path):
+    import subprocess
+    import sys
+
+    text = (ROOT / "scenarios" / "covenant-72b.yaml").read_text()
+    path = tmp_path / "s.yaml"
+    path.write_text(text + "ring: [" + ", ".join(["{}"] * 20) + "]\n")
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "whatif", str(path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and str(path) in proc.stderr and "object_store" in proc.stderr, proc.stderr
