@@ -2,7 +2,7 @@
 in a laptop-scale cell: what two systems must share to behave alike.
 
 - inter_transfer_over_compute: the inter-DC bytes of a synchronisation over the rate the transport gets, over the
-  compute they sync (a step's; DiLoCo's: the H inner steps of an outer step);
+  compute they sync (a step's; DiLoCo's: the H inner steps of an outer step, its exchange as whatif has it);
 - intra_transfer_over_compute: the same for the phases inside a DC (hierarchical strategies);
 - rtt_over_compute: the inter-DC round trip over a step's compute (a pipeline's: over one micro-batch's);
 - latency_steps: the one-way latencies a step's inter-DC collective pays in sequence;
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from testbed.model.collectives import gloo_segments, ring_all_reduce_factor
 from testbed.model.transport import Transport
-from testbed.model.whatif import compute_seconds, evaluate_point
+from testbed.model.whatif import compute_seconds, evaluate_point, outer_exchange
 from testbed.spec.scenario import Scenario, ScenarioStrategy
 from testbed.spec.units import fibre_delay
 
@@ -69,8 +69,11 @@ def full_scale(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwid
         per_direction = ring_all_reduce_factor(n * d if flat else d) * model_bytes
         flows = shards * channels * (1 if flat else n)
         rate = min(line, flows * t.window / rtt) if rtt else line
-        per = strategy.inner_steps if kind in DILOCOS else 1
-        groups["inter_transfer_over_compute"] = per_direction / rate / (tc * per)
+        if kind in DILOCOS:  # the round's outer exchange as whatif has it: its precision, top-k, ring or store
+            transfer = outer_exchange(s, strategy, distance, bandwidth)[0]
+            groups["inter_transfer_over_compute"] = transfer / (tc * strategy.inner_steps)
+        else:
+            groups["inter_transfer_over_compute"] = per_direction / rate / tc
         groups["rtt_over_compute"] = rtt / tc
         groups["latency_steps"] = (2 * (n * d - 1) / t.depth) if flat else 2 * (d - 1)
         if kind in HIERARCHICAL and n > 1:

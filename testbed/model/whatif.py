@@ -89,29 +89,51 @@ def _intra_allreduce_part(s: Scenario, nbytes: float, n: int, factor: float) -> 
     return factor * nbytes / (s.intra.bandwidth / 8) + (n - 1) * (s.intra.latency + s.transport.intra_latency)
 
 
-def _ring_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float, streams: int) -> float:
+def _ring_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float,
+                  streams: int) -> tuple[float, float]:
     """A ring all-reduce of `nbytes` over the scenario's ring of DCs: 2(n-1) steps, each moving nbytes/n over
-    every hop at once, so each lasts as long as the slowest hop's latency plus transfer."""
+    every hop at once, so each lasts as long as the slowest hop's latency plus transfer. (transfer, latency) s."""
     assert s.ring is not None
     n = len(s.ring)
-    slowest = 0.0
+    slowest, parts = 0.0, (0.0, 0.0)
     for hop in s.ring:
         latency = fibre_delay(distance) if hop.latency is None else hop.latency
         rate = _rate(s, bandwidth if hop.bandwidth is None else hop.bandwidth, 2 * latency, streams)
-        slowest = max(slowest, latency + nbytes / n / rate)
-    return 2 * (n - 1) * slowest
+        if latency + nbytes / n / rate > slowest:
+            slowest, parts = latency + nbytes / n / rate, (nbytes / n / rate, latency)
+    return 2 * (n - 1) * parts[0], 2 * (n - 1) * parts[1]
 
 
-def _object_store_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float, streams: int) -> float:
+def _object_store_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float,
+                          streams: int) -> tuple[float, float]:
     """The outer exchange through object storage: one upload of a replica's `nbytes` over its uplink, then
-    `gather` payloads downloaded at once over its downlink (the store's own rate unbounded), a round trip each."""
+    `gather` payloads downloaded at once over its downlink (the store's own rate unbounded), a round trip each.
+    (transfer, latency) s."""
     store = s.object_store
     assert store is not None
     rtt = 2 * fibre_delay(distance)
     gather = s.dcs if store.gather is None else store.gather
     up = _rate(s, bandwidth if store.upload is None else store.upload, rtt, streams)
     down = _rate(s, bandwidth if store.download is None else store.download, rtt, streams * gather)
-    return nbytes / up + gather * nbytes / down + 2 * rtt
+    return nbytes / up + gather * nbytes / down, 2 * rtt
+
+
+def outer_exchange(s: Scenario, strategy: ScenarioStrategy, distance: float,
+                   bandwidth: float) -> tuple[float, float, float]:
+    """A DiLoCo round's outer exchange at a point: (transfer s, latency s, bytes a link direction carries): an
+    all-reduce sharded over each DC's replicas, over the scenario's `ring:`, or through its `object_store:`."""
+    m, par = s.model, s.parallelism
+    nbytes = outer_bytes(m, strategy)
+    streams = s.replicas_per_dc * par.tp * par.pp * (strategy.channels or s.transport.channels)
+    latency = fibre_delay(distance)
+    if s.object_store is not None:
+        gather = s.dcs if s.object_store.gather is None else s.object_store.gather
+        return (*_object_store_seconds(s, nbytes, distance, bandwidth, streams), gather * nbytes)  # downloaded
+    per_direction = ring_all_reduce_factor(s.dcs) * nbytes
+    if s.ring is not None:
+        return (*_ring_seconds(s, nbytes, distance, bandwidth, streams), per_direction)
+    rate = _rate(s, bandwidth, 2 * latency, streams)  # the outer all-reduce sharded over the DC
+    return per_direction / rate, 2 * (s.dcs - 1) * latency, per_direction
 
 
 def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, bandwidth: float) -> Point:
@@ -168,17 +190,8 @@ def evaluate_point(s: Scenario, strategy: ScenarioStrategy, distance: float, ban
         exposed = stall
         step = tc + stall
     elif kind in ("diloco", "streaming-diloco"):
-        nbytes = outer_bytes(m, strategy)
-        per_direction = ring_all_reduce_factor(d) * nbytes
-        if s.object_store is not None:
-            outer = _object_store_seconds(s, nbytes, distance, bandwidth, n * groups * channels)
-            store = s.object_store
-            per_direction = nbytes * max(1, s.dcs if store.gather is None else store.gather)  # downloaded
-        elif s.ring is None:
-            rate = _rate(s, bandwidth, rtt, n * groups * channels)  # the outer all-reduce sharded over the DC
-            outer = per_direction / rate + 2 * (d - 1) * latency
-        else:
-            outer = _ring_seconds(s, nbytes, distance, bandwidth, n * groups * channels)
+        transfer, latencies, per_direction = outer_exchange(s, strategy, distance, bandwidth)
+        outer = transfer + latencies
         h = strategy.inner_steps
         fragments, tau = (1, 0) if kind == "diloco" else (strategy.fragments, strategy.overlap_steps)
         if strategy.outer_start == "during-backward":

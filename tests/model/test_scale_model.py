@@ -202,3 +202,21 @@ def test_unreachable_efficiency_is_said() -> None:
     assert cell.efficiency_scale_model_predicted > cell.efficiency_full_scale + EFFICIENCY_TOLERANCE
     assert "exposed_over_compute" in cell.unmatched
     assert math.isfinite(compute_seconds(scenario))
+
+
+def test_a_dilocos_full_scale_transfer_group_is_its_outer_exchange() -> None:
+    """The full scale's inter_transfer_over_compute for a DiLoCo is whatif's outer exchange over the round's compute:
+    int8 pseudo-gradients take half of bf16's, and a ring's slowest hop or an object store's gathered downloads
+    set it (before: the model's bf16 bytes over a sharded all-reduce whatever the scenario said)."""
+    from testbed.model.scale_groups import full_scale
+
+    s = load_scenario(ROOT / "scenarios" / "streaming-diloco-10b.yaml")
+    diloco = next(x for x in s.strategies if x.name == "diloco")
+    bf16 = full_scale(s, diloco, 1e3, 5e9)["inter_transfer_over_compute"]
+    int8 = full_scale(s, diloco.model_copy(update={"outer_precision": "int8"}), 1e3, 5e9)["inter_transfer_over_compute"]
+    assert int8 == pytest.approx(bf16 / 2, rel=1e-6)
+    covenant = load_scenario(ROOT / "scenarios" / "covenant-72b.yaml")
+    sparse = covenant.strategies[0]
+    fewer = covenant.model_copy(update={"object_store": covenant.object_store.model_copy(update={"gather": 10})})
+    assert full_scale(fewer, sparse, 1e3, 110e6)["inter_transfer_over_compute"] < \
+        full_scale(covenant, sparse, 1e3, 110e6)["inter_transfer_over_compute"]
