@@ -1,6 +1,7 @@
 """torchft's strategies through `testbed run` on the netns fabric (root): every DC one replica group of two ranks,
 the lighthouse in the first node, the groups' quorums and heals across the shaped link. Both strategies finish
-with every group in every quorum, the lighthouse is gone after the run and nothing is left."""
+with every group in every quorum and every rank with one model, the lighthouse is gone after the run and nothing
+is left."""
 
 from __future__ import annotations
 
@@ -58,8 +59,14 @@ def test_both_torchft_strategies_run_as_replica_groups_across_the_dcs(prefix, tm
             assert start["replica_group"] == rank // 2 and start["strategy"] == result["cell"]["options"]["strategy"]
             steps = [r for r in records if r["event"] == "step"]
             assert steps and steps[-1]["participants"] == 2, steps[-1:]  # both groups in the last quorum
+            # no fault, no heal: with torchft's default init_sync the first quorum healed all groups but one
+            assert all(r["healed_bytes"] == 0 for r in steps), [r["healed_bytes"] for r in steps]
         # what crossed the link: the groups' reductions (and quorum traffic), both ways
         assert all(counts["tx_bytes"] > 0 for counts in result["link_bytes"].values()), result["link_bytes"]
+        # all four ranks end with one model: under torchft-diloco with torchft's default init_sync, the first
+        # outer sync healed each rank index from a different DC and a DC's two ranks ended apart for good
+        figures = result["replica_groups"]
+        assert figures["params_agree"] and figures["groups_apart"] == [], figures
     assert namespaces_with(prefix) == []
     left = subprocess.run(["pgrep", "-f", "torchft_lighthouse"], capture_output=True, text=True).stdout.split()
     assert left == [], left

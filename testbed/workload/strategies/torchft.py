@@ -103,13 +103,18 @@ class ReplicaGroup(Strategy):
         self.transport = node_transport(node, timeout)
         pg = ProcessGroupGloo(timeout=timeout)
         self._time_configures(pg)
+        # init_sync=False: every rank builds the same seeded weights (build_model), as torchft asks for it. With
+        # its default, the quorum at manager step 0 heals every group but one from a "primary" chosen per rank
+        # index (group_rank % groups): under DiLoCo that first quorum is the first outer sync, so the healed ranks
+        # took the primary's inner steps as their own (its pseudo-gradient counted twice, theirs lost) and, with
+        # two ranks a DC, a DC's ranks healed from different DCs and ended apart for good.
         self.manager = Manager(
             pg=pg, min_replica_size=ctx.opts.min_replicas, use_async_quorum=self.use_async_quorum,
             load_state_dict=self.load_state, state_dict=self.state, replica_id=f"dc{ctx.layout.dc}",
             hostname=node, checkpoint_transport=self.transport,
             store_addr=host, store_port=int(port), rank=ctx.layout.index_in_dc, world_size=ctx.layout.dc_size,
             lighthouse_addr=os.environ[rankenv.TORCHFT_LIGHTHOUSE], timeout=timeout, quorum_timeout=timeout,
-            connect_timeout=timeout)
+            connect_timeout=timeout, init_sync=False)
         self._count_heals()
         self._time_first_ask()
         self.after_manager()

@@ -285,3 +285,25 @@ def test_unequal_dcs_two_one_two(prefix: str, tmp_path: Path, monkeypatch: pytes
             root = subprocess.run(["ip", "netns", "exec", f"slurmlab.{other.name}.{node}", "tc", "qdisc", "show",
                                    "dev", "eth0", "root"], capture_output=True, text=True).stdout
             assert "7e57:" not in root, (node, root)
+
+
+def test_torchft_replica_groups_and_their_lighthouse_run_on_the_slurm_nodes(slurm: Backend, lab: SlurmLab,
+                                                                            prefix: str, tmp_path: Path):
+    """Both torchft strategies across the lab's four nodes (two DCs of two, srun steps): the lighthouse starts on
+    east's first node with that node's interpreter (testbed.agents.lighthouse), torchft's own environment crosses to
+    the ranks, both groups are in every quorum, all four ranks end with one model, and every node is as before."""
+    from tests.runner.test_torchft_run import EXPERIMENT
+
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
+    proc = run_cli("run", "--backend", "slurm", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "results"),
+                   timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    cells = sorted((tmp_path / "results" / "tiny").glob("*/cells/*"))
+    assert len(cells) == 2
+    for cell in cells:
+        result = json.loads((cell / "result.json").read_text())
+        assert result["status"] == "ok" and result["world"] == 4, (result["reason"], result.get("log_tail"))
+        assert "listening" in (cell / "logs" / "lighthouse.log").read_text().lower()
+        figures = result["replica_groups"]
+        assert figures["replica_groups"] == 2 and figures["participants_min"] == 2 and figures["params_agree"], figures
+    assert slurm.leftovers() == []

@@ -157,21 +157,20 @@ def test_quickstart_runs_across_hosts_and_leaves_them_as_they_were(lab, tmp_path
 
 @pytest.mark.timeout(600)
 def test_torchft_replica_groups_and_their_lighthouse_run_on_the_hosts(lab, tmp_path):
-    """torchft-ddp across the four hosts (two DCs of two): the lighthouse starts on east's first host with that
-    host's own interpreter and torchft (testbed.agents.lighthouse), its address reaches every rank (TORCHFT_
-    crosses with the env contract: before, it did not and every rank failed), both groups are in every quorum and
-    end equal, and the hosts are as they were."""
+    """Both torchft strategies across the four hosts (two DCs of two): the lighthouse starts on east's first host
+    with that host's own interpreter and torchft (testbed.agents.lighthouse), its address reaches every rank
+    (TORCHFT_ crosses with the env contract: before, it did not and every rank failed), both groups are in every
+    quorum, all four ranks end with one model, and the hosts are as they were."""
     from tests.runner.test_torchft_run import EXPERIMENT
 
     hosts, env, ssh_prefix = lab
     before = snapshot(hosts, ssh_prefix)
-    ddp = "\n".join(line for line in EXPERIMENT.splitlines() if "torchft-diloco" not in line) + "\n"
-    (tmp_path / "exp.yaml").write_text(ddp)
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT)
     proc = hosts.cli(CONTROLLER, "run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "results"),
                      *ssh_args(hosts), env=env, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     cells = sorted((tmp_path / "results" / "tiny").glob("*/cells/*"))
-    assert len(cells) == 1
+    assert len(cells) == 2
     for cell in cells:
         result = json.loads((cell / "result.json").read_text())
         assert result["status"] == "ok" and result["world"] == 4, (result["reason"], result["log_tail"])
