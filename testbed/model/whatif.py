@@ -98,37 +98,42 @@ def _ring_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float,
     slowest, parts = 0.0, (0.0, 0.0)
     for hop in s.ring:
         latency = fibre_delay(distance) if hop.latency is None else hop.latency
-        rate = _rate(s, bandwidth if hop.bandwidth is None else hop.bandwidth, 2 * latency, streams)
-        if latency + nbytes / n / rate > slowest:
-            slowest, parts = latency + nbytes / n / rate, (nbytes / n / rate, latency)
+        transfer = nbytes / n / _rate(s, bandwidth if hop.bandwidth is None else hop.bandwidth, 2 * latency, streams)
+        if latency + transfer > slowest:
+            slowest, parts = latency + transfer, (transfer, latency)
     return 2 * (n - 1) * parts[0], 2 * (n - 1) * parts[1]
 
 
-def _object_store_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float,
-                          streams: int) -> tuple[float, float]:
-    """The outer exchange through object storage: one upload of a replica's `nbytes` over its uplink, then
-    `gather` payloads downloaded at once over its downlink (the store's own rate unbounded), a round trip each.
-    (transfer, latency) s."""
+def object_store_seconds(s: Scenario, nbytes: float, distance: float, bandwidth: float,
+                         streams: int) -> tuple[float, float, float]:
+    """The outer exchange through object storage: one upload of a replica's `nbytes` over its uplink, then the
+    gathered payloads downloaded at once over its downlink (the store's own rate unbounded), a round trip each.
+    (upload, download, latency) s."""
     store = s.object_store
     assert store is not None
     rtt = 2 * fibre_delay(distance)
-    gather = s.dcs if store.gather is None else store.gather
+    gather = store.gathered(s.dcs)
     up = _rate(s, bandwidth if store.upload is None else store.upload, rtt, streams)
     down = _rate(s, bandwidth if store.download is None else store.download, rtt, streams * gather)
-    return nbytes / up + gather * nbytes / down, 2 * rtt
+    return nbytes / up, gather * nbytes / down, 2 * rtt
+
+
+def outer_streams(s: Scenario, strategy: ScenarioStrategy) -> int:
+    """Flows a DC's outer exchange runs at once: every replica's every model-parallel shard, `channels` each."""
+    par = s.parallelism
+    return s.replicas_per_dc * par.tp * par.pp * (strategy.channels or s.transport.channels)
 
 
 def outer_exchange(s: Scenario, strategy: ScenarioStrategy, distance: float,
                    bandwidth: float) -> tuple[float, float, float]:
     """A DiLoCo round's outer exchange at a point: (transfer s, latency s, bytes a link direction carries): an
     all-reduce sharded over each DC's replicas, over the scenario's `ring:`, or through its `object_store:`."""
-    m, par = s.model, s.parallelism
-    nbytes = outer_bytes(m, strategy)
-    streams = s.replicas_per_dc * par.tp * par.pp * (strategy.channels or s.transport.channels)
+    nbytes = outer_bytes(s.model, strategy)
+    streams = outer_streams(s, strategy)
     latency = fibre_delay(distance)
     if s.object_store is not None:
-        gather = s.dcs if s.object_store.gather is None else s.object_store.gather
-        return (*_object_store_seconds(s, nbytes, distance, bandwidth, streams), gather * nbytes)  # downloaded
+        upload, download, latencies = object_store_seconds(s, nbytes, distance, bandwidth, streams)
+        return upload + download, latencies, s.object_store.gathered(s.dcs) * nbytes  # the direction downloading
     per_direction = ring_all_reduce_factor(s.dcs) * nbytes
     if s.ring is not None:
         return (*_ring_seconds(s, nbytes, distance, bandwidth, streams), per_direction)

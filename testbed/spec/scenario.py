@@ -155,6 +155,10 @@ class ObjectStore(_Strict):
     def _rates(cls, value: Any) -> float | None:
         return None if value is None else units.parse_rate(value)
 
+    def gathered(self, dcs: int) -> int:
+        """Payloads a replica downloads a round among `dcs` replicas."""
+        return dcs if self.gather is None else self.gather
+
 
 class PublishedFigure(_Strict):
     """A published figure the model must reproduce: `metric` of `strategy` at the reference point (a fraction,
