@@ -157,7 +157,8 @@ def probe_table(records: list[dict], info: dict) -> Table:
             f"{r['src']} -> {r['dst']}", _fmt(r["rtt_configured_ms"], ".3f", " ms"),
             _fmt(r["rtt_applied_ms"], ".3f", " ms"), _floor(r),
             _fmt(r["rtt_p50_ms"], ".3f", " ms"),
-            _fmt(r["rtt_p99_ms"], ".3f", " ms"), _fmt(r["rtt_p50_error_ms"], "+.3f", " ms"),
+            _fmt(r["rtt_p99_ms"], ".3f", " ms"), _fmt(r["rtt_p50_error_ms"], "+.3f", " ms")
+            + (f" (host steal {r['host_steal']:.0%})" if r.get("host_steal_note") else ""),
             _fmt(r.get("delay_line_residual_ms"), "+.3f", " ms") + (f" ({r['delay_line_note']})"
                                                                      if r.get("delay_line_note") else ""),
             f"{r['loss_configured'] * 100:.2f}% / {_fmt(r['ping_loss'] and r['ping_loss'] * 100, '.2f', '%')}",

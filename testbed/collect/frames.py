@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.runner.hostcpu import HOST_STEAL_BOUND, stolen_share
 from testbed.spec.strategies import DILOCO, TORCHFT_DILOCO, TORCHFT_STREAMING
 from testbed.steplog import AUTOMATIC, step_records
 
@@ -90,9 +91,6 @@ def worst_lateness(result: dict) -> dict:
             "delay_late_flag": any(value["late"] for value in links.values())}
 
 
-HOST_STEAL_BOUND = 0.02  # share of CPU time stolen during the measured steps above which a cell is flagged
-
-
 def host_steal(result: dict, start: float, end: float) -> float | None:
     """The share of all CPU time stolen between `start` and `end` (epoch seconds), from the cell's samples
     (testbed.runner.hostcpu): from the last sample at or before `start` to the first at or after `end`."""
@@ -101,8 +99,7 @@ def host_steal(result: dict, start: float, end: float) -> float | None:
     after = [s for s in samples if s[0] >= end]
     if not before or not after:
         return None
-    (_, total0, steal0), (_, total1, steal1) = before[-1], after[0]
-    return (steal1 - steal0) / (total1 - total0) if total1 > total0 else None
+    return stolen_share((int(before[-1][1]), int(before[-1][2])), (int(after[0][1]), int(after[0][2])))
 
 
 def flagged(summary: pd.DataFrame, flag: str) -> pd.DataFrame:

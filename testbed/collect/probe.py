@@ -30,7 +30,7 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
                "rtt_p99_ms", "rtt_p50_error_ms", "delay_line_residual_ms", "delay_line_note", "loss_configured",
                "ping_loss", "rate_configured_mbps", "goodput_expected_mbps", "goodput_mbps", "goodput_error_pct",
                "flow_retransmits", "flow_rwnd_limited", "flow_sndbuf_limited", "flow_cwnd_packets", "flow_reader_gap_s",
-               "not_applied"]
+               "host_steal", "not_applied"]
     columns = [column for column in columns if column in frame]  # records of an older probe lack the newer ones
     lines = [f"# Link probe: {info['topology']}", "",
              f"- shaper: {info['shaper']} (backend {info['backend']})",
@@ -41,6 +41,8 @@ def write_probe_report(directory: Path, info: dict, records: list[dict]) -> Path
              "- flow_retransmits, flow_rwnd_limited, flow_sndbuf_limited, flow_cwnd_packets = the flow sender's"
              " TCP_INFO: segments sent again, the shares of its busy time the receiver's window and its own send"
              " buffer held it back, its congestion window at the end (where a goodput shortfall comes from)",
+             "- host_steal = the share of this machine's CPU its hypervisor took during the pair's pings (/proc/stat)",
+             *[f"- {r['src']} -> {r['dst']}: {r['host_steal_note']}" for r in records if r.get("host_steal_note")],
              "",
              frame[columns].to_markdown(index=False, floatfmt=".3f") if not frame.empty else "(no pairs)", ""]
     write_text(directory / "probe.md", "\n".join(lines))

@@ -3,7 +3,7 @@ background. On a virtual machine (a CI runner, a cloud VM, this project's own) t
 CPU in bursts; every rank on an emulated testbed shares this machine's cores, so a stolen second slows the
 cell's compute and no model of the configured system accounts for it. Recorded for backends whose ranks run
 on this machine (netns, docker); collect turns the samples into the share of CPU time stolen during a cell's
-measured steps (testbed.collect.frames.host_steal)."""
+measured steps (testbed.collect.frames.host_steal); `testbed probe` the share during each pair's pings."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 SAMPLE_S = 0.5  # /proc/stat counts in 10 ms ticks; half a second bounds a measured window within a tick or two
+HOST_STEAL_BOUND = 0.02  # share of CPU time stolen during a measurement above which it is flagged
 
 
 def cpu_times(text: str) -> tuple[int, int] | None:
@@ -26,6 +27,21 @@ def cpu_times(text: str) -> tuple[int, int] | None:
     return None
 
 
+def read_cpu_times(stat: Path = PROC_STAT) -> tuple[int, int] | None:
+    """cpu_times() of this machine now; None where /proc/stat cannot be read or has no steal column."""
+    try:
+        return cpu_times(stat.read_text())
+    except OSError:
+        return None
+
+
+def stolen_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of all CPU time the hypervisor took between two read_cpu_times(); None without both."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
+
+
 class StealSampler:
     """Samples (time, all ticks, stolen ticks) every SAMPLE_S in a thread from start() to stop()."""
 
@@ -36,10 +52,7 @@ class StealSampler:
         self._thread = threading.Thread(target=self._loop, name="host-cpu", daemon=True)
 
     def _sample(self) -> None:
-        try:
-            times = cpu_times(self.stat.read_text())
-        except OSError:
-            times = None
+        times = read_cpu_times(self.stat)
         if times is not None:
             self.samples.append([time.time(), *times])
 

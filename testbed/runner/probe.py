@@ -39,6 +39,7 @@ from testbed.runner.fidelity import (
     percentile,
     round_trip,
 )
+from testbed.runner.hostcpu import HOST_STEAL_BOUND, read_cpu_times, stolen_share
 from testbed.spec.topology import Topology
 
 PAYLOAD_PER_FRAME = 1448 / 1514
@@ -79,6 +80,9 @@ class PairProbe:
     delay_line_note: str = ""  # links whose delay is below what the delay line can compensate
     rtt_p10_ms: float | None = None  # the 10th percentile: the path's delay with little of the hosts' scheduling
     # noise, which only ever adds (a stalled CPU holds some pings, never speeds one up)
+    host_steal: float | None = None  # the share of this machine's CPU its hypervisor took during the pair's pings
+    # (where they run on this machine: netns, docker); above HOST_STEAL_BOUND the RTT's error is partly theirs
+    host_steal_note: str = ""  # says so, where it is above
 
 
 def path_ends(plan: NetworkPlan, topology: Topology, src_dc: str, dst_dc: str) -> list[LinkEnd]:
@@ -190,10 +194,11 @@ def delay_line_figures(fabric: Fabric) -> dict[str, dict]:
 
 
 def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, dst: str, *,
-               pings: int, seconds: float, applied: Callable[[LinkEnd], bool]) -> PairProbe:
+               pings: int, seconds: float, applied: Callable[[LinkEnd], bool], here: bool = False) -> PairProbe:
     """RTT from src to dst and goodput src->dst (none with `seconds` 0), between node 0 of each DC, whose probe
     agent must be serving (_Server); held against applied + the floor (the same path unshaped, or the two DCs'
-    own round trips: testbed.runner.fidelity) measured while the pair's pings run (floors_beside)."""
+    own round trips: testbed.runner.fidelity) measured while the pair's pings run (floors_beside). `here`: the
+    probes run on this machine, whose CPU time stolen meanwhile is kept (host_steal)."""
     there, back = path_ends(plan, topology, src, dst), path_ends(plan, topology, dst, src)
     ends = there + back
     configured = sum(end.shaping.params.latency for end in ends)
@@ -207,10 +212,12 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
     rate = min(rates) if rates else None
     src_node, dst_node = plan.node(f"{src}-0"), plan.node(f"{dst}-0")
     path = (src_node.name, dst_node.address) if path_floor_measurable(ends) else None
+    cpu_before = read_cpu_times() if here else None
     with floors_beside(fabric, plan, topology, (src, dst), pings=pings, path=path) as floors:
         measured = _run_agent(fabric, src_node.name, ["pair", dst_node.address, "--port", str(PORT), "--count",
                                                       str(pings), "--seconds", str(seconds), *_timing(fabric)],
                               timeout=120 + pings * 0.05 + seconds)
+    stolen = stolen_share(cpu_before, read_cpu_times()) if here else None
     ping, flow = measured["rtt"], measured["flow"]
     dcs_floor = pair_floor_ms(floors[src], floors[dst])
     floor, floor_of = held_floor(floors.get(PATH), dcs_floor, applied_rtt * 1e3)
@@ -231,8 +238,16 @@ def probe_pair(fabric: Fabric, plan: NetworkPlan, topology: Topology, src: str, 
         goodput_mbps=goodput / 1e6 if goodput is not None else None,
         goodput_error=(goodput - expected) / expected if expected and goodput is not None else None,
         not_applied=", ".join(missing), rtt_p10_ms=percentile(rtts_ms, 0.10) if rtts_ms else None,
-        **_flow_counters(flow),
+        host_steal=stolen, host_steal_note=steal_note(stolen), **_flow_counters(flow),
     )
+
+
+def steal_note(stolen: float | None) -> str:
+    """A pair's words where its hypervisor took more than HOST_STEAL_BOUND of the CPU during its pings."""
+    if stolen is None or stolen <= HOST_STEAL_BOUND:
+        return ""
+    return (f"the hypervisor took {stolen:.1%} of this machine's CPU during these pings (above "
+            f"{HOST_STEAL_BOUND:.0%}): the delay line's releases and the pings waited for its other guests")
 
 
 def _flow_counters(flow: dict | None) -> dict:
@@ -251,10 +266,11 @@ def _flow_counters(flow: dict | None) -> dict:
 
 
 def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: int = 200, seconds: float = 3.0,
-              applied: Callable[[LinkEnd], bool],
-              on_pair: Callable[[str, str], None] | None = None) -> list[PairProbe]:
+              applied: Callable[[LinkEnd], bool], on_pair: Callable[[str, str], None] | None = None,
+              here: bool = False) -> list[PairProbe]:
     """Every ordered DC pair, one after the other: RTT (with the two DCs' own round trips at the same time), and
-    goodput unless `seconds` is 0, in both directions. Node 0 of every DC serves the probes of all its pairs."""
+    goodput unless `seconds` is 0, in both directions. Node 0 of every DC serves the probes of all its pairs.
+    `here`: the nodes are emulated on this machine (each pair keeps the CPU time stolen from it meanwhile)."""
     results = []
     dcs = [dc.name for dc in topology.dcs]
     with contextlib.ExitStack() as stack:
@@ -264,7 +280,8 @@ def probe_all(fabric: Fabric, plan: NetworkPlan, topology: Topology, *, pings: i
         for a, b in itertools.permutations(dcs, 2):
             if on_pair:
                 on_pair(a, b)
-            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied))
+            results.append(probe_pair(fabric, plan, topology, a, b, pings=pings, seconds=seconds, applied=applied,
+                                      here=here))
             if seconds > 0:
                 time.sleep(0.1)  # let the previous flow's queues drain
         lines = delay_line_figures(fabric)

@@ -71,3 +71,32 @@ def test_the_report_names_flagged_cells_and_the_models_error_over_the_others():
     text = " ".join(model_lines(summary))
     assert "1 of them ran while the hypervisor took over 2%" in text and "over the other 2: median 6.0%" in text
     assert steal_lines(summary.drop(columns=["host_steal", "host_steal_flag"])) == []
+
+
+def test_a_probe_pair_names_the_steal_during_its_pings_above_the_bound(tmp_path):
+    """`testbed probe`'s pairs: the share stolen between two readings, and the pair's words (its table's error
+    column and probe.md) only above HOST_STEAL_BOUND."""
+    from rich.console import Console
+
+    from testbed.cli.render import probe_table
+    from testbed.collect.probe import write_probe_report
+    from testbed.runner.hostcpu import HOST_STEAL_BOUND, stolen_share
+    from testbed.runner.probe import steal_note
+
+    assert stolen_share((1000, 10), (1400, 30)) == pytest.approx(0.05)
+    assert stolen_share(None, (1400, 30)) is None and stolen_share((1400, 30), (1400, 30)) is None
+    assert steal_note(None) == "" and steal_note(HOST_STEAL_BOUND) == ""
+    assert steal_note(0.083).startswith("the hypervisor took 8.3% of this machine's CPU during these pings")
+    base = {"dst": "b", "rtt_configured_ms": 2.0, "rtt_applied_ms": 2.0, "rtt_floor_ms": 0.1, "rtt_floor_of": "path",
+            "rtt_dc_floor_ms": 0.05, "rtt_expected_ms": 2.1, "rtt_p10_ms": 2.1, "rtt_p50_ms": 2.4, "rtt_p99_ms": 2.9,
+            "rtt_p50_error_ms": 0.3, "loss_configured": 0.0, "ping_loss": 0.0, "rate_configured_mbps": None,
+            "goodput_expected_mbps": None, "goodput_mbps": None, "goodput_error": None, "not_applied": ""}
+    records = [{**base, "src": "a", "host_steal": 0.083, "host_steal_note": steal_note(0.083)},
+               {**base, "src": "c", "host_steal": 0.001, "host_steal_note": steal_note(0.001)}]
+    console = Console(width=400, record=True)
+    console.print(probe_table(records, {"topology": "t", "shaper": "userspace-delay"}))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if "->" in line}
+    assert "+0.300 ms (host steal 8%)" in rows["a -> b"] and "host steal" not in rows["c -> b"]
+    text = write_probe_report(tmp_path, {"topology": "t", "shaper": "userspace-delay", "backend": "netns"},
+                              records).read_text()
+    assert f"- a -> b: {steal_note(0.083)}" in text and "- c -> b:" not in text

@@ -5,7 +5,10 @@ one way. The delay line measures its own path and aims that much early; a 0 ms l
 (bench/link_fidelity.py holds the 0.05 ms target.) Beside the suite's own UML boots, with the floors measured before
 the pairs, 2 runs of 8 missed the bound (by up to 1.16 ms) and CI failed once at 0.203 ms; with the DCs' own floors
 measured beside each pair's pings the worst of 8 runs was 0.116 ms, and 0.115 ms of 4 quiet ones (2026-11-29,
-CHANGELOG)."""
+CHANGELOG). CI then read a->d (two delay lines each way) 0.266 ms off once, in a run whose UML boot beside it lost
+8.3 % of the CPU to the hypervisor; here the same pair read 0.024-0.055 ms in 8 runs, quiet, beside two UML boots
+and beside two SCHED_RR busy loops (2026-12-06). So each pair keeps the steal during its pings, and a pair the
+probe flags for it (above 2 %) is not held to the bound; more than a third of them flagged fails the run."""
 
 import json
 import statistics
@@ -18,6 +21,7 @@ from testbed import settings
 from testbed.agents import probe
 from testbed.fabric.lifecycle import bring_up
 from testbed.plan.delayline import UNSHAPED_DSCP
+from testbed.runner.hostcpu import HOST_STEAL_BOUND
 from tests.conftest import namespaces_with, run_cli
 from tests.support.topologies import pair_topology
 
@@ -56,10 +60,15 @@ def test_every_pair_is_its_configured_round_trip_plus_the_floor(prefix, tmp_path
         assert pair["rtt_floor_of"] == "path" and pair["rtt_floor_ms"] is not None, pair
         assert 0 < pair["rtt_floor_ms"] < 1.0 and 0 < pair["rtt_dc_floor_ms"] < 1.0, pair
         assert pair["rtt_expected_ms"] == pytest.approx(configured + pair["rtt_floor_ms"])
-        assert abs(pair["rtt_p50_error_ms"]) <= BOUND_MS, pair
+        assert pair["host_steal"] is not None and bool(pair["host_steal_note"]) == (pair["host_steal"] > HOST_STEAL_BOUND)
+        if not pair["host_steal_note"]:  # a pair the probe itself flags is partly the hypervisor's other guests'
+            assert abs(pair["rtt_p50_error_ms"]) <= BOUND_MS, pair
         assert pair["delay_line_note"] == ""  # 0.8 ms and 3 ms are above what the delay line needs
         if configured > 0:
             assert pair["delay_line_residual_ms"] is not None
+    stolen = [pair for pair in pairs if pair["host_steal_note"]]
+    assert len(stolen) <= len(pairs) // 3, f"the hypervisor took over {HOST_STEAL_BOUND:.0%} of the CPU during " \
+        f"{len(stolen)} of {len(pairs)} pairs' pings: this run could not measure the delay line's fidelity"
 
 
 def test_status_says_where_a_link_asks_for_less_than_the_delay_line_can_give(prefix, tmp_path):
