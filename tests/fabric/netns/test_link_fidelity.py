@@ -8,7 +8,8 @@ measured beside each pair's pings the worst of 8 runs was 0.116 ms, and 0.115 ms
 CHANGELOG). CI then read a->d (two delay lines each way) 0.266 ms off once, in a run whose UML boot beside it lost
 8.3 % of the CPU to the hypervisor; here the same pair read 0.024-0.055 ms in 8 runs, quiet, beside two UML boots
 and beside two SCHED_RR busy loops (2026-12-06). So each pair keeps the steal during its pings, and a pair the
-probe flags for it (above 2 %) is not held to the bound; more than a third of them flagged fails the run."""
+probe flags for it (above 2 %) is not held to the bound; more than half of them flagged fails the run (it then
+measured the host's other guests more than the delay line)."""
 
 import json
 import statistics
@@ -67,7 +68,7 @@ def test_every_pair_is_its_configured_round_trip_plus_the_floor(prefix, tmp_path
         if configured > 0:
             assert pair["delay_line_residual_ms"] is not None
     stolen = [pair for pair in pairs if pair["host_steal_note"]]
-    assert len(stolen) <= len(pairs) // 3, f"the hypervisor took over {HOST_STEAL_BOUND:.0%} of the CPU during " \
+    assert len(stolen) <= len(pairs) // 2, f"the hypervisor took over {HOST_STEAL_BOUND:.0%} of the CPU during " \
         f"{len(stolen)} of {len(pairs)} pairs' pings: this run could not measure the delay line's fidelity"
 
 
