@@ -32,6 +32,19 @@ cell_timeout: 180s
 """
 
 
+def assert_both_strategies_ran_as_groups(results: Path) -> None:
+    """EXPERIMENT's two cells under `results` (any backend's run directory or above it): each ok with four ranks, its
+    lighthouse listening, both groups in every quorum and the four ranks with one model."""
+    cells = sorted(results.glob("**/cells/*"))
+    assert len(cells) == 2, cells
+    for cell in cells:
+        result = json.loads((cell / "result.json").read_text())
+        assert result["status"] == "ok" and result["world"] == 4, (result["reason"], result.get("log_tail"))
+        assert "listening" in (cell / "logs" / "lighthouse.log").read_text().lower()
+        figures = result["replica_groups"]
+        assert figures["replica_groups"] == 2 and figures["participants_min"] == 2 and figures["params_agree"], figures
+
+
 def run_torchft(tmp_path, text: str, timeout: float) -> Path:
     """`testbed run` of the experiment `text` (torchft's strategies): its run directory, once it exited 0."""
     try:

@@ -292,18 +292,11 @@ def test_torchft_replica_groups_and_their_lighthouse_run_on_the_slurm_nodes(slur
     """Both torchft strategies across the lab's four nodes (two DCs of two, srun steps): the lighthouse starts on
     east's first node with that node's interpreter (testbed.agents.lighthouse), torchft's own environment crosses to
     the ranks, both groups are in every quorum, all four ranks end with one model, and every node is as before."""
-    from tests.runner.test_torchft_run import EXPERIMENT
+    from tests.runner.test_torchft_run import EXPERIMENT, assert_both_strategies_ran_as_groups
 
     (tmp_path / "exp.yaml").write_text(EXPERIMENT)
     proc = run_cli("run", "--backend", "slurm", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "results"),
                    timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    cells = sorted((tmp_path / "results" / "tiny").glob("*/cells/*"))
-    assert len(cells) == 2
-    for cell in cells:
-        result = json.loads((cell / "result.json").read_text())
-        assert result["status"] == "ok" and result["world"] == 4, (result["reason"], result.get("log_tail"))
-        assert "listening" in (cell / "logs" / "lighthouse.log").read_text().lower()
-        figures = result["replica_groups"]
-        assert figures["replica_groups"] == 2 and figures["participants_min"] == 2 and figures["params_agree"], figures
+    assert_both_strategies_ran_as_groups(tmp_path / "results")
     assert slurm.leftovers() == []

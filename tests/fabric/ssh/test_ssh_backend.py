@@ -161,7 +161,7 @@ def test_torchft_replica_groups_and_their_lighthouse_run_on_the_hosts(lab, tmp_p
     with that host's own interpreter and torchft (testbed.agents.lighthouse), its address reaches every rank
     (TORCHFT_ crosses with the env contract: before, it did not and every rank failed), both groups are in every
     quorum, all four ranks end with one model, and the hosts are as they were."""
-    from tests.runner.test_torchft_run import EXPERIMENT
+    from tests.runner.test_torchft_run import EXPERIMENT, assert_both_strategies_ran_as_groups
 
     hosts, env, ssh_prefix = lab
     before = snapshot(hosts, ssh_prefix)
@@ -169,14 +169,7 @@ def test_torchft_replica_groups_and_their_lighthouse_run_on_the_hosts(lab, tmp_p
     proc = hosts.cli(CONTROLLER, "run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "results"),
                      *ssh_args(hosts), env=env, timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    cells = sorted((tmp_path / "results" / "tiny").glob("*/cells/*"))
-    assert len(cells) == 2
-    for cell in cells:
-        result = json.loads((cell / "result.json").read_text())
-        assert result["status"] == "ok" and result["world"] == 4, (result["reason"], result["log_tail"])
-        assert "listening" in (cell / "logs" / "lighthouse.log").read_text().lower()
-        figures = result["replica_groups"]
-        assert figures["replica_groups"] == 2 and figures["participants_min"] == 2 and figures["params_agree"], figures
+    assert_both_strategies_ran_as_groups(tmp_path / "results")
     assert_restored(hosts, ssh_prefix, before)
 
 
