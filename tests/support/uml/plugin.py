@@ -5,17 +5,11 @@ On the host, the tests of one module with the same options share one boot of UML
 boot of their own, e.g. those that do not need its module-scoped testbed); each outer test then reports its own
 inner outcome, with the inner failure text and what the host did during the boot (CPU stolen, the busiest
 processes, the boots beside it: timing failures inside UML follow the host's load). UML runs on one CPU: the
-session's first test starts every boot of the session, as many at once as the host has CPUs (the boots with most
-tests first), and each outer test waits for its own. A boot that measures timing (`@pytest.mark.uml(alone=True)`)
-runs with no other boot beside it: beside two busy host processes the netem module's goodput bound failed 2 runs of
-4 with a second boot beside the lab's, and held 5 of 5 with the lab's boot alone (docs/development/tests.md, "How
-steady the netem tests are"). Inside UML the tests run as written.
-
-The host's own tests run beside the boots, in an order that lets them (modules kept whole, in their order otherwise):
-first the modules that need nothing of the machine (no root, docker, sshd or Slurm: one CPU of pure Python, about as
-long as the timing boot), then the others, which wait for the boots that run alone to end, then those of UML, whose
-outcomes are in by then. Before, the first `uml` test started the boots and the host waited there for the timing
-boot and its own, 294 s of a 32 min suite (CI, 2026-12-06).
+first `uml` test reached starts every boot of the session, as many at once as the host has CPUs (the boots with
+most tests first), and each outer test waits for its own. A boot that measures timing
+(`@pytest.mark.uml(alone=True)`) runs with no other boot beside it: beside two busy host processes the netem
+module's goodput bound failed 2 runs of 4 with a second boot beside the lab's, and held 5 of 5 with the lab's boot
+alone (docs/development/tests.md, "How steady the netem tests are"). Inside UML the tests run as written.
 `on_host=True` marks a test that needs UML but boots it itself (tests/suite/test_uml_stopped.py): it runs on the
 host, once the boots are over.
 
@@ -57,8 +51,6 @@ class InnerOutcome:
 
 
 _batches: dict[BootKey, Future[dict[str, InnerOutcome]]] = {}
-_started = False  # whether this session's boots were started (by its first test)
-MACHINE_MARKS = ("root", "docker", "sshd", "slurm")  # a host test with one of these waits for the boots run alone
 _running: dict[str, bool] = {}  # the boots running now -> whether each runs alone
 _waiting_alone = 0  # boots that run alone waiting for their turn: no other boot starts before them
 _spans: list[tuple[str, float, float]] = []  # (boot, start, end) of the boots that have ended, time.monotonic()
@@ -139,8 +131,6 @@ def _start_boots(session: pytest.Session) -> None:
     for item in session.items:
         if item.get_closest_marker("uml") and not _on_host(item):
             groups.setdefault(_key(item), []).append(item)
-    if not groups:
-        return
     harness.interrupt_on_termination()
     _pool = ThreadPoolExecutor(max_workers=max(1, min(len(groups), os.cpu_count() or 1)),
                                thread_name_prefix="uml-boot")
@@ -148,49 +138,19 @@ def _start_boots(session: pytest.Session) -> None:
         _batches[key] = _pool.submit(_run_batch, items, key)
 
 
-def _order(item: pytest.Item) -> int:
-    """Where a test's module goes: 0 it needs nothing of the machine, 1 it does, 2 it has tests inside UML."""
-    return 2 if item.get_closest_marker("uml") else int(any(item.get_closest_marker(m) for m in MACHINE_MARKS))
-
-
-@pytest.hookimpl(trylast=True)  # after tests/conftest.py has given each test the marks of what it needs
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the host, the modules in the order the module's docstring gives (a stable sort: whole, and in their
-    order otherwise)."""
-    if harness.inside():
-        return
-    rank: dict[str, int] = {}
-    for item in items:
-        rank[str(item.path)] = max(rank.get(str(item.path), 0), _order(item))
-    items.sort(key=lambda item: rank[str(item.path)])
-
-
-def _wait_for_alone_boots() -> None:
-    """Until the boots that run alone have ended: a test that needs the machine would disturb their timing."""
-    for key, boot in list(_batches.items()):
-        if key.alone:
-            _outcomes(boot)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Outside UML, a `uml` test's outcome is its inner run's: no fixture or body runs on the host."""
-    global _started
-    if harness.inside() or harness.unavailable_reason() is not None:
+    if not item.get_closest_marker("uml") or harness.inside() or harness.unavailable_reason() is not None:
         return None  # inside UML: as written; unavailable: the skip/xfail mark added at collection decides
-    if not _started:
-        _started = True
-        _start_boots(item.session)
-    if not item.get_closest_marker("uml"):
-        if _order(item):
-            _wait_for_alone_boots()
-        return None
     if _on_host(item):
         for boot in _batches.values():  # a boot of its own beside them would slow theirs (their timing tests)
             _outcomes(boot)
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.time()
+    if not _batches:
+        _start_boots(item.session)
     outcome = _outcomes(_batches[_key(item)]).get(_inner_id(item),
                                                    InnerOutcome("missing", "not reported by the inner run"))
     if outcome.status == "passed":
