@@ -37,7 +37,6 @@ def probe(topology: Path | None = None, *, prefix: str, pings: int = 200, flow_s
     the running testbed of `prefix`. A delay line not running before the probe is a UserError (exit 1). Returns
     testbed (its description), pairs (one record per direction), dead_delay_lines (those that died during the
     probe: its figures are not valid) and report (probe.json and probe.md under `out_dir`, if given)."""
-    from testbed.fabric import registry
     from testbed.runner.probe import as_records, probe_all
 
     with testbed(topology, prefix=prefix, shaper=shaper, backend=backend, on_progress=on_progress) as probed:
@@ -47,7 +46,7 @@ def probe(topology: Path | None = None, *, prefix: str, pings: int = 200, flow_s
         with user_errors():
             results = probe_all(probed.fabric, probed.plan, probed.topology, pings=pings, seconds=flow_seconds,
                                 applied=probed.fabric.delay_applied, on_pair=on_pair,
-                                here=registry.get(probed.state.backend).emulated)
+                                here=probed.backend.emulated)
         dead = probed.fabric.dead_delay_lines()
         info = probed.describe()
     records = as_records(results)

@@ -61,6 +61,11 @@ class Testbed(Generic[PlanT]):
     fabric: Fabric[PlanT]
     state: state_store.FabricState
 
+    @property
+    def backend(self) -> type[Backend[Any]]:
+        """The backend this testbed was brought up with (what it is: emulated here, shares files, a shared clock)."""
+        return registry.get(self.state.backend)
+
     def mechanism(self, end: LinkEnd) -> str:
         """Which mechanism shapes this link end, in words for tables and manifests."""
         shaping = end.shaping

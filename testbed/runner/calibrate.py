@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from testbed.atomic import write_text as atomic_write
-from testbed.fabric import registry
 from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed
 from testbed.runner.links import calibrate as probe_links
@@ -47,7 +46,7 @@ def measure(testbed: Testbed, work_dir: Path, argv: list[str], *, ranks_per_node
     probe = probe_links(testbed, "rtt")
     before = inter_dc_counters(testbed)
     specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics,
-                        emulated=registry.get(testbed.state.backend).emulated)
+                        emulated=testbed.backend.emulated)
     group = RankGroup(testbed.fabric, specs, argv, logs, forks)
     try:
         outcome = group.watch(timeout)
@@ -98,7 +97,7 @@ def calibrate_testbed(testbed: Testbed, work_dir: Path, experiment: Any = None, 
     measured["machine"] = {"kernel": platform.release(), "host_cpus": os.cpu_count(), "backend": testbed.state.backend,
                            "shaper": testbed.plan.shaper, "measured": datetime.now(UTC).isoformat(),
                            "tcp": node_tcp(testbed)}
-    measured["shared_clock"] = registry.get(testbed.state.backend).shared_clock
+    measured["shared_clock"] = testbed.backend.shared_clock
     (work_dir / "measured.json").write_text(json.dumps(measured))  # the raw figures, to refit later
     return fit(testbed.topology, measured, ranks_per_node)
 

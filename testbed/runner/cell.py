@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.atomic import write_text as atomic_write
-from testbed.fabric import cancel, registry
+from testbed.fabric import cancel
 from testbed.fabric.forkserver import Forks
 from testbed.fabric.lifecycle import Testbed
 from testbed.model.predict import run_calibration
@@ -75,9 +75,9 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
     before = inter_dc_counters(testbed)
     late_before = testbed.fabric.delay_line_stats()
     env = {**RankEnv(pg_timeout=pg_timeout(faults)).to_env(), **sdc_env(faults, cell.id, seed, sdc_replay, sdc_replay_by),
-           **checkpoint_env(cell_dir, restarts, checkpoint_every, registry.get(testbed.state.backend).shares_files),
+           **checkpoint_env(cell_dir, restarts, checkpoint_every, testbed.backend.shares_files),
            **(extra_env or {})}
-    emulated = registry.get(testbed.state.backend).emulated
+    emulated = testbed.backend.emulated
 
     def layout() -> list:
         specs = rank_layout(testbed.topology, testbed.plan, ranks_per_node, metrics_dir, extra_env=env,
@@ -97,7 +97,7 @@ def run_cell(testbed: Testbed, cell: Cell, argv: list[str], cell_dir: Path, time
         raise
     follower = None
     rank0 = metrics_dir / "rank0.jsonl"
-    if any(fault.kind != "sdc" for fault in faults) and not registry.get(testbed.state.backend).shares_files:
+    if any(fault.kind != "sdc" for fault in faults) and not testbed.backend.shares_files:
         # rank 0 writes its step starts on another machine: a copy as it grows, for the driver's step anchors
         follower = Follower(testbed.fabric, specs[0].node.name, metrics_dir, "rank0.jsonl",
                             log_dir / "rank0.live.jsonl")
